@@ -1,0 +1,45 @@
+"""The frozen run configuration. flags/ builds it from the command line; tests build it directly."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    # Distribution.
+    strategy: str = "default"
+    cpu_replicas: int = 1
+    collective_timeout: float = 300.0  # seconds; multi-worker collectives fail after this.
+    # Data.
+    dataset: str = "synthetic"
+    data_dir: Optional[str] = None
+    synthetic_train_examples: int = 60000
+    synthetic_test_examples: int = 10000
+    # Model and task.
+    model: str = "cnn"
+    task: str = "classification"
+    optimizer: str = "adam"
+    learning_rate: Optional[float] = None  # None: the optimizer's default (see engine/optimizers.py).
+    # Schedule, in global steps (one step = one global batch across all replicas).
+    global_batch: int = 256
+    epochs: int = 3
+    train_steps: int = 0  # > 0 wins over epochs.
+    steps_per_loop: int = 100
+    eval_every: int = 0  # 0: at each epoch end.
+    checkpoint_every: int = 0  # 0: at each epoch end.
+    keep_checkpoints: int = 3
+    # Output.
+    model_dir: str = "runs/default"
+    export: bool = True
+    # Reproducibility and compilation.
+    seed: Optional[int] = None
+    deterministic: bool = False
+    jit_compile: bool = False
+
+    def replace(self, **changes) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)

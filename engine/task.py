@@ -1,0 +1,81 @@
+"""The researcher's extension point: what ONE replica does with one batch.
+
+Subclass `Task`, override `train_step` (and maybe `build_model`, `per_example_loss`,
+`eval_step`), then run it with `--task=my_module:MyTask` (or `--task=path/to/file.py:MyTask`).
+
+`train_step` and `eval_step` run in replica context, inside a compiled loop: use TensorFlow ops,
+`self.model` and `self.optimizer`. The engine creates both inside `strategy.scope()`, builds the
+optimizer, compiles the loop, reduces what the steps return across replicas, logs, evaluates and
+checkpoints.
+
+Metrics are returned, not stored: a step returns {name: (total, count)} for this replica's
+examples, e.g. {"accuracy": (number correct, number of examples)}. The engine sums totals and
+counts over replicas (strategy.reduce(SUM)) and over the steps of a loop, and reports
+total / count. That is exact for any replica count and for a partial last eval batch.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from engine.losses import replica_loss
+from engine.models import build_model
+from engine.optimizers import build_optimizer
+
+
+def classification_metrics(labels, logits, per_example_loss) -> dict:
+    """{"loss": (sum of losses, n), "accuracy": (number correct, n)} for this replica's batch."""
+    count = tf.cast(tf.shape(labels)[0], tf.float32)
+    predictions = tf.argmax(logits, axis=-1, output_type=labels.dtype)
+    correct = tf.reduce_sum(tf.cast(tf.equal(predictions, labels), tf.float32))
+    loss_sum = tf.reduce_sum(tf.cast(per_example_loss, tf.float32))
+    return {"loss": (loss_sum, count), "accuracy": (correct, count)}
+
+
+class Task:
+    """Image classification with the `--model` network and sparse cross-entropy."""
+
+    # The names train_step / eval_step return, in this order.
+    train_metrics = ("loss", "accuracy")
+    eval_metrics = ("loss", "accuracy")
+
+    def __init__(self, config, *, input_shape, num_classes):
+        self.config = config
+        self.input_shape = tuple(input_shape)
+        self.num_classes = num_classes
+        self.model: keras.Model | None = None  # set by the engine, inside strategy.scope()
+        self.optimizer: keras.optimizers.Optimizer | None = None  # idem, already built
+
+    @property
+    def global_batch(self) -> int:
+        return self.config.global_batch
+
+    # ---- built once by the engine, inside strategy.scope() ----
+    def build_model(self) -> keras.Model:
+        return build_model(self.config.model, self.input_shape, self.num_classes)
+
+    def build_optimizer(self) -> keras.optimizers.Optimizer:
+        return build_optimizer(self.config.optimizer, self.config.learning_rate)
+
+    # ---- replica context ----
+    def per_example_loss(self, labels, outputs):
+        return keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
+
+    def train_step(self, batch) -> dict:
+        images, labels = batch
+        with tf.GradientTape() as tape:
+            logits = self.model(images, training=True)
+            per_example = self.per_example_loss(labels, logits)
+            loss = replica_loss(per_example, self.global_batch, self.model.losses)
+        gradients = tape.gradient(loss, self.model.trainable_variables)
+        self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables))
+        return classification_metrics(labels, logits, per_example)
+
+    def eval_step(self, batch) -> dict:
+        images, labels = batch
+        logits = self.model(images, training=False)
+        return classification_metrics(labels, logits, self.per_example_loss(labels, logits))
+
+
+ClassificationTask = Task

@@ -1,0 +1,225 @@
+"""The outer loop: build everything, then run compiled loops and decide between them when to
+log, evaluate and checkpoint. Everything numeric happens in engine/loop.py and engine/task.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import sys
+import time
+
+import keras
+import tensorflow as tf
+
+from engine import data as data_lib
+from engine import strategy as strategy_lib
+from engine.checkpoints import Checkpointer
+from engine.loop import make_eval_loop, make_train_loop, ratios
+from engine.progress import Progress, format_duration
+from engine.schedule import Schedule
+from engine.summaries import create_writers
+from engine.task_loader import load_task_class
+
+
+@dataclasses.dataclass
+class RunResult:
+    model_dir: str
+    start_step: int
+    final_step: int
+    eval_metrics: dict
+    train_metrics: dict
+    train_examples_per_sec: float
+    wall_seconds: float
+    seconds_to_first_loop: float
+    export_path: str | None
+    checkpoint_path: str | None
+
+
+def _scalar(value) -> float:
+    return float(tf.convert_to_tensor(value).numpy())
+
+
+def _banner(config, placement, data, per_replica, schedule, seed, model, start_step, out):
+    lines = [
+        f"strategy     {placement.name}: {placement.num_replicas} replica(s) on {', '.join(placement.devices)}"
+        + (f"; worker {placement.task_type}:{placement.task_id} of {placement.num_workers}"
+           f"{' (chief)' if placement.is_chief else ''}" if placement.task_type else ""),
+        f"global batch {config.global_batch} = {placement.num_replicas} replicas x {per_replica}",
+        f"data         {data.name}: {len(data.train_images)} train / {len(data.test_images)} test "
+        f"images {data.image_shape}, from {data.source}",
+        f"model        {config.model} ({model.count_params():,} parameters), task {config.task}, "
+        f"optimizer {config.optimizer}",
+        f"schedule     {schedule.total_steps} steps ({schedule.total_steps / schedule.steps_per_epoch:.2f} "
+        f"epochs of {schedule.steps_per_epoch}), {schedule.steps_per_loop} steps per compiled loop, "
+        f"eval every {schedule.eval_interval}, checkpoint every {schedule.checkpoint_interval}",
+        f"seed         {seed}" + ("" if config.seed is not None else f" (random; --seed={seed} repeats it)"),
+        f"model_dir    {config.model_dir}"
+        + (f" (resuming at step {start_step})" if start_step else ""),
+    ]
+    if placement.name == "mirrored" and placement.num_replicas == 1:
+        lines.append(
+            "note         mirrored found a single device: this run is not distributed "
+            "(use --cpu_replicas=N to split the CPU into N replicas)"
+        )
+    out.write("\n".join(lines) + "\n")
+    out.flush()
+
+
+def train(config, out=None) -> RunResult:
+    out = out or sys.stdout
+    started = time.perf_counter()
+    placement = strategy_lib.build_strategy(config.strategy, config.cpu_replicas, config.collective_timeout)
+    strategy = placement.strategy
+    per_replica = strategy_lib.per_replica_batch(config.global_batch, placement.num_replicas)
+    seed = config.seed if config.seed is not None else random.randrange(2**31)
+    keras.utils.set_random_seed(seed)
+    if config.deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+    data = data_lib.load(config)
+    steps_per_epoch = data_lib.steps_per_epoch(data, config.global_batch)
+    schedule = Schedule(
+        total_steps=config.train_steps or config.epochs * steps_per_epoch,
+        steps_per_epoch=steps_per_epoch,
+        steps_per_loop=config.steps_per_loop,
+        eval_every=config.eval_every,
+        checkpoint_every=config.checkpoint_every,
+    )
+    task = load_task_class(config.task)(config, input_shape=data.image_shape, num_classes=data.num_classes)
+
+    with strategy.scope():
+        task.model = task.build_model()
+        task.optimizer = task.build_optimizer()
+        task.optimizer.build(task.model.trainable_variables)
+        global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
+                                  aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch",
+                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        seed_variable = tf.Variable(seed, dtype=tf.int64, trainable=False, name="seed",
+                                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    strategy_lib.check_variables_in_scope(
+        strategy, list(task.model.trainable_variables) + list(task.optimizer.variables)
+    )
+
+    checkpointer = Checkpointer(
+        config.model_dir, placement.is_chief, config.keep_checkpoints,
+        model=task.model, optimizer=task.optimizer, global_step=global_step, epoch=epoch, seed=seed_variable,
+    )
+    checkpoint_path = checkpointer.restore_latest()
+    start_step = int(global_step.numpy())
+    seed = int(seed_variable.numpy())  # a resumed run keeps its data order
+    _banner(config, placement, data, per_replica, schedule, seed, task.model, start_step, out)
+
+    writers = create_writers(config.model_dir, placement.is_chief)
+    if start_step == 0:
+        writers["train"].write_text(0, "config", _config_markdown(config, placement, seed))
+    train_data = strategy.experimental_distribute_dataset(
+        data_lib.train_dataset(data.train_images, data.train_labels, config.global_batch, seed,
+                               skip_batches=start_step)
+    )
+    eval_data = strategy.experimental_distribute_dataset(
+        data_lib.eval_dataset(data.test_images, data.test_labels, config.global_batch)
+    )
+    train_loop = make_train_loop(strategy, task, global_step, jit_compile=config.jit_compile)
+    eval_loop = make_eval_loop(strategy, task)
+    progress = Progress(schedule.total_steps, steps_per_epoch, start_step, stream=out,
+                        enabled=placement.is_chief)
+
+    def evaluate(at_step):
+        metrics = ratios(eval_loop(eval_data))
+        writers["eval"].write_scalars(at_step, metrics)
+        writers["eval"].flush()
+        progress.message(
+            f"eval   step {at_step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+            + f"  ({len(data.test_images)} examples)"
+        )
+        return metrics
+
+    def save(at_step):
+        epoch.assign(schedule.epoch(at_step))
+        path = checkpointer.save(at_step)
+        return path if placement.is_chief else None
+
+    step = start_step
+    iterator = iter(train_data)
+    eval_metrics, train_metrics = {}, {}
+    trained_examples, training_seconds, first_loop_seconds = 0, 0.0, None
+    try:
+        if step >= schedule.total_steps:
+            progress.message(f"model_dir already holds step {step} of {schedule.total_steps}: nothing to train")
+        while step < schedule.total_steps:
+            num_steps = schedule.next_loop_steps(step)
+            loop_start = time.perf_counter()
+            train_metrics = ratios(train_loop(iterator, tf.constant(num_steps, dtype=tf.int32)))
+            seconds = time.perf_counter() - loop_start
+            step += num_steps
+            if first_loop_seconds is None:
+                first_loop_seconds = time.perf_counter() - started
+            else:  # the first loop includes tracing; leave it out of the throughput
+                trained_examples += num_steps * config.global_batch
+                training_seconds += seconds
+            examples_per_sec = num_steps * config.global_batch / seconds
+            writers["train"].write_scalars(step, {
+                **train_metrics,
+                "learning_rate": _scalar(task.optimizer.learning_rate),
+                "steps_per_sec": num_steps / seconds,
+                "examples_per_sec": examples_per_sec,
+            })
+            progress.update(step, train_metrics, examples_per_sec)
+            if schedule.eval_due(step):
+                eval_metrics = evaluate(step)
+            if schedule.checkpoint_due(step):
+                checkpoint_path = save(step) or checkpoint_path
+                writers["train"].flush()
+        if not eval_metrics:
+            eval_metrics = evaluate(step)
+        export_path = None
+        if placement.is_chief and config.export:
+            export_path = os.path.join(config.model_dir, "export", "model.keras")
+            os.makedirs(os.path.dirname(export_path), exist_ok=True)
+            task.model.save(export_path)
+    finally:
+        for writer in writers.values():
+            writer.close()
+        checkpointer.close()
+
+    wall = time.perf_counter() - started
+    throughput = trained_examples / training_seconds if training_seconds else (
+        (step - start_step) * config.global_batch / max(wall, 1e-9))
+    result = RunResult(
+        model_dir=config.model_dir, start_step=start_step, final_step=step, eval_metrics=eval_metrics,
+        train_metrics=train_metrics, train_examples_per_sec=throughput, wall_seconds=wall,
+        seconds_to_first_loop=first_loop_seconds or 0.0, export_path=export_path,
+        checkpoint_path=checkpoint_path,
+    )
+    if placement.is_chief:
+        _summary(result, out)
+    return result
+
+
+def _config_markdown(config, placement, seed) -> str:
+    from engine import __version__
+
+    rows = [f"| engine version | {__version__} |", f"| replicas | {placement.num_replicas} |",
+            f"| effective seed | {seed} |"]
+    rows += [f"| {k} | {v} |" for k, v in config.as_dict().items()]
+    return "| flag | value |\n|---|---|\n" + "\n".join(rows)
+
+
+def _summary(result: RunResult, out) -> None:
+    shown = "  ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items())
+    logdir = os.path.abspath(result.model_dir)
+    lines = [
+        "",
+        f"done   test {shown}",
+        f"       wall time {format_duration(result.wall_seconds)}, steps {result.start_step} -> "
+        f"{result.final_step}, {result.train_examples_per_sec:,.0f} train examples/s "
+        f"(first loop, with tracing, finished {result.seconds_to_first_loop:.1f} s after start)",
+        f"       checkpoint {result.checkpoint_path}",
+    ]
+    if result.export_path:
+        lines.append(f"       exported model {result.export_path}")
+    lines += [f"       TensorBoard logs in {logdir}", f"       watch: tensorboard --logdir {logdir}"]
+    out.write("\n".join(lines) + "\n")
+    out.flush()

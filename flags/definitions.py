@@ -1,0 +1,113 @@
+"""Every flag of run.py, with its meaning and units, and the checks across flags."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+from absl import flags as absl_flags
+
+from engine.config import Config
+
+STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored")
+DATASETS = ("mnist", "fashion_mnist", "synthetic")
+OPTIMIZERS = ("adam", "sgd")
+
+
+def default_model_dir(dataset: str, model: str, strategy: str) -> str:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return os.path.join("runs", f"{dataset}-{model}-{strategy}-{stamp}")
+
+
+def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
+    """Declares the flags on `flag_values` (absl's global FLAGS by default). Call once."""
+    f = dict(flag_values=flag_values)
+    # Distribution.
+    absl_flags.DEFINE_enum(
+        "strategy", "default", STRATEGIES,
+        "How to distribute: default (no distribution), one_device (first GPU, else CPU), "
+        "mirrored (all local GPUs, or --cpu_replicas CPU devices), multi_worker_mirrored (TF_CONFIG).", **f)
+    absl_flags.DEFINE_integer(
+        "cpu_replicas", 1,
+        "Split the host CPU into this many logical devices (replicas for --strategy=mirrored "
+        "on a machine without GPUs).", lower_bound=1, upper_bound=64, **f)
+    absl_flags.DEFINE_float(
+        "collective_timeout", 300.0,
+        "Seconds before a multi-worker collective (all-reduce) gives up, so a dead worker is an "
+        "error, not a hang.", lower_bound=1.0, **f)
+    # Data.
+    absl_flags.DEFINE_enum(
+        "dataset", "mnist", DATASETS,
+        "Training data: mnist (mnist.npz or IDX files), fashion_mnist (IDX files), synthetic "
+        "(generated, MNIST-shaped, learnable; no files needed).", **f)
+    absl_flags.DEFINE_string(
+        "data_dir", None,
+        "Directory with local data files: mnist.npz or the 4 IDX files (train-images-idx3-ubyte.gz, "
+        "...). Default: the Keras cache (~/.keras/datasets), for fashion_mnist "
+        "/usr/share/datasets/fashion-mnist, then the Keras download.", **f)
+    absl_flags.DEFINE_integer(
+        "synthetic_train_examples", 60000, "Training examples of --dataset=synthetic.", lower_bound=1, **f)
+    absl_flags.DEFINE_integer(
+        "synthetic_test_examples", 10000, "Test examples of --dataset=synthetic.", lower_bound=1, **f)
+    # Model, task, optimizer.
+    absl_flags.DEFINE_string("model", "cnn", "Model from the registry in engine/models.py: cnn (the "
+                             "Keras MNIST example's CNN), mlp.", **f)
+    absl_flags.DEFINE_string(
+        "task", "classification",
+        "The step functions: a registered name (classification), package.module:Class or "
+        "path/to/file.py:Class (a subclass of engine.task.Task).", **f)
+    absl_flags.DEFINE_enum("optimizer", "adam", OPTIMIZERS, "Optimizer.", **f)
+    absl_flags.DEFINE_float(
+        "learning_rate", None,
+        "Learning rate (per optimizer update). Default: 0.001 for adam, 0.05 for sgd.", **f)
+    # Schedule.
+    absl_flags.DEFINE_integer(
+        "global_batch", 256,
+        "Examples per step across ALL replicas and workers; each replica gets global_batch / "
+        "replicas, which must divide evenly.", lower_bound=1, **f)
+    absl_flags.DEFINE_integer("epochs", 3, "Passes over the training set (ignored when --train_steps is set).",
+                              lower_bound=1, **f)
+    absl_flags.DEFINE_integer(
+        "train_steps", 0, "Total training steps (global batches); > 0 wins over --epochs.", lower_bound=0, **f)
+    absl_flags.DEFINE_integer(
+        "steps_per_loop", 100,
+        "Steps run inside one compiled tf.function call; logging, progress and checkpoints happen "
+        "between loops.", lower_bound=1, **f)
+    absl_flags.DEFINE_integer(
+        "eval_every", 0, "Evaluate on the whole test set every this many steps; 0: at each epoch end. "
+        "Always also at the end.", lower_bound=0, **f)
+    absl_flags.DEFINE_integer(
+        "checkpoint_every", 0, "Save a checkpoint every this many steps; 0: at each epoch end. "
+        "Always also at the end.", lower_bound=0, **f)
+    absl_flags.DEFINE_integer("keep_checkpoints", 3, "How many recent checkpoints to keep.", lower_bound=1, **f)
+    # Output.
+    absl_flags.DEFINE_string(
+        "model_dir", None,
+        "Directory for TensorBoard logs (train/, eval/), checkpoints (checkpoints/) and the exported "
+        "model (export/model.keras). A directory holding a run resumes it from its latest "
+        "checkpoint. Default: runs/<dataset>-<model>-<strategy>-<YYYYmmdd-HHMMSS> (a new run).", **f)
+    absl_flags.DEFINE_boolean("export", True, "Save the trained model in Keras format at the end.", **f)
+    # Reproducibility and compilation.
+    absl_flags.DEFINE_integer(
+        "seed", None, "Seed for weights and data order; default: random (printed, so it can be reused).", **f)
+    absl_flags.DEFINE_boolean(
+        "deterministic", False, "Deterministic TensorFlow ops (slower); with --seed, runs repeat bitwise "
+        "on one replica.", **f)
+    absl_flags.DEFINE_boolean(
+        "jit_compile", False, "Compile the step with XLA. Off by default: about 3x slower for the CNN on CPU.", **f)
+
+
+def config_from_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> Config:
+    """The parsed flags as a frozen Config (after absl has validated each flag)."""
+    v = flag_values
+    model_dir = v.model_dir or default_model_dir(v.dataset, v.model, v.strategy)
+    return Config(
+        strategy=v.strategy, cpu_replicas=v.cpu_replicas, collective_timeout=v.collective_timeout,
+        dataset=v.dataset, data_dir=v.data_dir, synthetic_train_examples=v.synthetic_train_examples,
+        synthetic_test_examples=v.synthetic_test_examples, model=v.model, task=v.task,
+        optimizer=v.optimizer, learning_rate=v.learning_rate, global_batch=v.global_batch,
+        epochs=v.epochs, train_steps=v.train_steps, steps_per_loop=v.steps_per_loop,
+        eval_every=v.eval_every, checkpoint_every=v.checkpoint_every,
+        keep_checkpoints=v.keep_checkpoints, model_dir=model_dir, export=v.export, seed=v.seed,
+        deterministic=v.deterministic, jit_compile=v.jit_compile,
+    )

@@ -1,0 +1,57 @@
+"""Train a Keras model with the custom training loop engine.
+
+  python run.py --strategy=mirrored --global_batch=256
+      MNIST CNN on every visible device (GPUs, else one CPU replica), 3 epochs.
+  python run.py --strategy=mirrored --cpu_replicas=2 --dataset=fashion_mnist
+      two CPU replicas, Fashion-MNIST from /usr/share/datasets/fashion-mnist.
+  python run.py --dataset=synthetic --train_steps=200 --model_dir=/tmp/run1
+      no files needed; rerun the same command to resume from /tmp/run1.
+  python run.py --flagfile=my.flags      flags from a file
+  python run.py --help                   every flag, its meaning and units
+
+Exit codes: 0 done, 1 flag parsing error (absl), 2 bad input or setup (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # keep TensorFlow's C++ start-up chatter out of the log
+
+from absl import app  # noqa: E402
+from absl import flags as absl_flags  # noqa: E402
+
+import flags as engine_flags  # noqa: E402
+from flags import definitions  # noqa: E402
+
+engine_flags.define_flags()
+absl_flags.adopt_module_key_flags(definitions)  # so `--help` lists them
+
+
+def main(argv) -> int:
+    from absl import logging
+
+    logging.set_verbosity(logging.WARNING)
+    if len(argv) > 1:
+        print(f"error: unexpected arguments {argv[1:]} (flags look like --name=value)", file=sys.stderr)
+        return 2
+    from engine.errors import UserError
+    from engine.trainer import train
+
+    config = engine_flags.config_from_flags()
+    try:
+        train(config)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    return 0
+
+
+def entry_point() -> None:
+    """The console script (`ctl-train`): the same as `python run.py`."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    entry_point()
