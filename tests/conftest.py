@@ -1,0 +1,53 @@
+"""Test set-up: two logical CPU devices for the whole test process (before TensorFlow starts),
+so in-process tests can compare 1 and 2 replicas; helpers shared by the tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from engine.config import Config  # noqa: E402
+from engine.strategy import configure_cpu_replicas  # noqa: E402
+
+configure_cpu_replicas(2)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEST_TASKS = os.path.join(REPO, "tests", "tasks.py")
+
+
+def small_config(model_dir, **overrides) -> Config:
+    """A fast run: synthetic data, few steps, fixed seed."""
+    settings = dict(
+        dataset="synthetic", synthetic_train_examples=1024, synthetic_test_examples=300,
+        global_batch=64, train_steps=6, steps_per_loop=3, seed=7, model_dir=str(model_dir),
+        export=False,
+    )
+    settings.update(overrides)
+    return Config(**settings)
+
+
+def exported_weights(model_dir) -> list:
+    model = keras.models.load_model(os.path.join(str(model_dir), "export", "model.keras"))
+    return [w.numpy() if hasattr(w, "numpy") else np.asarray(w) for w in model.weights]
+
+
+def run_cli(*args, timeout=240, env=None):
+    """Runs `python run.py args...` in a fresh process; returns the CompletedProcess."""
+    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
+    return subprocess.run(
+        [sys.executable, os.path.join(REPO, "run.py"), *args], cwd=REPO, env=full_env,
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+@pytest.fixture
+def tf_module():
+    return tf
