@@ -1,0 +1,47 @@
+"""N replicas train exactly like one replica fed the same global batch (invariants 2-4, 10)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from conftest import TEST_TASKS, exported_weights, small_config
+from engine.trainer import train
+
+
+def _trained_weights(tmp_path, name, **overrides):
+    model_dir = tmp_path / name
+    train(small_config(model_dir, export=True, **overrides), out=open(os.devnull, "w"))
+    return exported_weights(model_dir)
+
+
+def _max_difference(a, b):
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_two_replicas_match_one(tmp_path, optimizer):
+    one = _trained_weights(tmp_path, "one", strategy="mirrored", cpu_replicas=1, optimizer=optimizer)
+    two = _trained_weights(tmp_path, "two", strategy="mirrored", cpu_replicas=2, optimizer=optimizer)
+    untrained = _trained_weights(tmp_path, "zero", strategy="mirrored", cpu_replicas=1,
+                                 optimizer=optimizer, train_steps=1, learning_rate=0.0)
+    assert _max_difference(one, untrained) > 1e-3, "training must move the weights"
+    assert _max_difference(one, two) < 1e-5
+
+
+def test_default_strategy_matches_mirrored(tmp_path):
+    default = _trained_weights(tmp_path, "default", strategy="default", optimizer="sgd")
+    mirrored = _trained_weights(tmp_path, "mirrored", strategy="mirrored", cpu_replicas=2, optimizer="sgd")
+    assert _max_difference(default, mirrored) < 1e-5
+
+
+def test_per_replica_mean_loss_breaks_equivalence(tmp_path):
+    """The same comparison fails when each replica divides by its own batch: the gradients,
+    summed over 2 replicas, come out twice as large. This is why engine.losses.replica_loss
+    divides by the GLOBAL batch."""
+    task = f"{TEST_TASKS}:PerReplicaMeanTask"
+    one = _trained_weights(tmp_path, "one", strategy="mirrored", cpu_replicas=1, optimizer="sgd", task=task)
+    two = _trained_weights(tmp_path, "two", strategy="mirrored", cpu_replicas=2, optimizer="sgd", task=task)
+    assert _max_difference(one, two) > 1e-3

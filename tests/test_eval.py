@@ -1,0 +1,80 @@
+"""Evaluation covers every example (partial last batch too) and equals Keras' own evaluate."""
+
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import TEST_TASKS, small_config
+from engine.data import synthetic_arrays
+from engine.errors import UserError
+from engine.loop import make_eval_loop, make_train_loop
+from engine.task import Task
+from engine.trainer import train
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_eval_matches_keras_evaluate(tmp_path, replicas):
+    # 301 test examples at a global batch of 64: 4 full batches and one of 45, split 23/22.
+    config = small_config(tmp_path, strategy="mirrored", cpu_replicas=replicas,
+                          synthetic_test_examples=301, export=True)
+    result = train(config, out=open(os.devnull, "w"))
+    model = keras.models.load_model(os.path.join(tmp_path, "export", "model.keras"))
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    images, labels = synthetic_arrays(301, seed=2)
+    loss, accuracy = model.evaluate(images[..., None].astype("float32") / 255.0, labels.astype("int32"),
+                                    batch_size=50, verbose=0)
+    assert result.eval_metrics["loss"] == pytest.approx(loss, rel=1e-5)
+    assert result.eval_metrics["accuracy"] == pytest.approx(accuracy, abs=1e-6)
+
+
+def test_eval_counts_every_example():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    config = small_config("/unused")
+
+    class CountingTask(Task):
+        eval_metrics = ("examples",)
+
+        def eval_step(self, batch):
+            _, labels = batch
+            return {"examples": (tf.cast(tf.shape(labels)[0], tf.float32), tf.constant(1.0))}
+
+    task = CountingTask(config, input_shape=(28, 28, 1), num_classes=10)
+    images, labels = synthetic_arrays(301, seed=2)
+    from engine.data import eval_dataset
+
+    dataset = strategy.experimental_distribute_dataset(eval_dataset(images, labels, 64))
+    totals = make_eval_loop(strategy, task)(dataset)
+    total, _ = totals["examples"]
+    assert float(total) == 301
+
+
+def test_train_loop_traces_once_for_any_loop_length():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    config = small_config("/unused")
+    task = Task(config, input_shape=(28, 28, 1), num_classes=10)
+    with strategy.scope():
+        task.model = task.build_model()
+        task.optimizer = task.build_optimizer()
+        task.optimizer.build(task.model.trainable_variables)
+        step = tf.Variable(0, dtype=tf.int64, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    from engine.data import train_dataset
+
+    images, labels = synthetic_arrays(512, seed=1)
+    iterator = iter(strategy.experimental_distribute_dataset(train_dataset(images, labels, 64, seed=1)))
+    loop = make_train_loop(strategy, task, step)
+    for num_steps in (1, 3, 2, 5):
+        totals = loop(iterator, tf.constant(num_steps))
+        assert float(totals["loss"][1]) == num_steps * 64
+    assert loop.experimental_get_tracing_count() == 1
+    assert int(step.numpy()) == 11
+
+
+def test_undeclared_metric_names_are_a_clear_error(tmp_path):
+    config = small_config(tmp_path, task=f"{TEST_TASKS}:WrongMetricsTask")
+    with pytest.raises(UserError, match="eval_step returned"):
+        train(config, out=open(os.devnull, "w"))
