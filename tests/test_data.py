@@ -1,0 +1,122 @@
+"""Readers and pipelines: IDX validation, npz, synthetic data, shuffle/batch/skip order."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+
+import numpy as np
+import pytest
+
+from engine import data as data_lib
+from engine import readers
+from engine.config import Config
+from engine.errors import UserError
+
+
+def write_idx(path, array, magic_type=0x08, compress=True, truncate=0):
+    header = struct.pack(">BBBB", 0, 0, magic_type, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    payload = (header + array.astype(np.uint8).tobytes())[: -truncate or None]
+    opener = gzip.open if compress else open
+    with opener(path, "wb") as f:
+        f.write(payload)
+
+
+def write_idx_dir(directory, train=64, test=10, seed=0):
+    rng = np.random.default_rng(seed)
+    for split, n in (("train", train), ("t10k", test)):
+        write_idx(directory / f"{split}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
+        write_idx(directory / f"{split}-labels-idx1-ubyte.gz", rng.integers(0, 10, (n,)))
+
+
+def test_idx_round_trip(tmp_path):
+    array = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    write_idx(tmp_path / "a.gz", array)
+    write_idx(tmp_path / "b", array, compress=False)
+    np.testing.assert_array_equal(readers.read_idx(str(tmp_path / "a.gz")), array)
+    np.testing.assert_array_equal(readers.read_idx(str(tmp_path / "b")), array)
+
+
+@pytest.mark.parametrize(
+    "kwargs, expected_ndim, message",
+    [
+        (dict(truncate=5), 3, "truncated"),
+        (dict(magic_type=0x07), 3, "magic"),
+        (dict(), 1, "dimensions"),
+    ],
+)
+def test_idx_errors(tmp_path, kwargs, expected_ndim, message):
+    write_idx(tmp_path / "x.gz", np.zeros((4, 28, 28)), **kwargs)
+    with pytest.raises(UserError, match=message):
+        readers.read_idx(str(tmp_path / "x.gz"), expected_ndim=expected_ndim)
+
+
+def test_idx_errors_name_the_file(tmp_path):
+    (tmp_path / "x.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(UserError, match="x.gz"):
+        readers.read_idx(str(tmp_path / "x.gz"))
+
+
+def test_idx_directory_loads_and_validates(tmp_path):
+    write_idx_dir(tmp_path)
+    data = data_lib.load(Config(dataset="fashion_mnist", data_dir=str(tmp_path)))
+    assert data.train_images.shape == (64, 28, 28) and data.test_labels.shape == (10,)
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", np.full((10,), 11))
+    with pytest.raises(UserError, match=r"labels range over \[11, 11\]"):
+        data_lib.load(Config(dataset="fashion_mnist", data_dir=str(tmp_path)))
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", np.zeros((9,)))
+    with pytest.raises(UserError, match="10 images but 9 labels"):
+        data_lib.load(Config(dataset="fashion_mnist", data_dir=str(tmp_path)))
+
+
+def test_mnist_npz_from_data_dir(tmp_path):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "mnist.npz", x_train=rng.integers(0, 256, (32, 28, 28), dtype=np.uint8),
+             y_train=rng.integers(0, 10, 32), x_test=rng.integers(0, 256, (8, 28, 28), dtype=np.uint8),
+             y_test=rng.integers(0, 10, 8))
+    data = data_lib.load(Config(dataset="mnist", data_dir=str(tmp_path)))
+    assert data.source.endswith("mnist.npz") and len(data.test_images) == 8
+
+
+def test_synthetic_is_deterministic_and_label_dependent():
+    a_images, a_labels = data_lib.synthetic_arrays(500, seed=3)
+    b_images, b_labels = data_lib.synthetic_arrays(500, seed=3)
+    np.testing.assert_array_equal(a_images, b_images)
+    np.testing.assert_array_equal(a_labels, b_labels)
+    # The class means differ far more than the noise would by chance: the pixels carry the label.
+    means = np.stack([a_images[a_labels == c].mean(axis=0) for c in range(10)])
+    assert np.abs(means[0] - means[1]).mean() > 10
+
+
+def _epoch_batches(dataset, count):
+    return [labels.numpy() for _, labels in dataset.take(count)]
+
+
+def test_train_pipeline_epochs_shuffles_and_skips():
+    images = np.zeros((40, 28, 28), dtype=np.uint8)
+    labels = np.arange(40) % 10
+    images[:, 0, 0] = np.arange(40)  # pixel (0,0) identifies the example
+    dataset = data_lib.train_dataset(images, labels, global_batch=16, seed=5)
+    batches = [x.numpy()[:, 0, 0, 0] * 255.0 for x, _ in dataset.take(6)]
+    assert all(len(b) == 16 for b in batches)  # remainder dropped: 2 batches per epoch
+    epoch1, epoch2 = np.concatenate(batches[0:2]), np.concatenate(batches[2:4])
+    assert len(set(np.round(epoch1))) == 32  # no example twice in an epoch
+    assert not np.array_equal(epoch1, epoch2)  # reshuffled each epoch
+    again = [x.numpy()[:, 0, 0, 0] * 255.0 for x, _ in
+             data_lib.train_dataset(images, labels, global_batch=16, seed=5).take(6)]
+    np.testing.assert_array_equal(np.concatenate(batches), np.concatenate(again))  # seeded
+    skipped = [x.numpy()[:, 0, 0, 0] * 255.0 for x, _ in
+               data_lib.train_dataset(images, labels, global_batch=16, seed=5, skip_batches=3).take(3)]
+    np.testing.assert_array_equal(np.concatenate(batches[3:]), np.concatenate(skipped))  # resume
+
+
+def test_eval_pipeline_keeps_the_partial_batch():
+    images, labels = data_lib.synthetic_arrays(37, seed=1)
+    sizes = [int(l.shape[0]) for _, l in data_lib.eval_dataset(images, labels, global_batch=16)]
+    assert sizes == [16, 16, 5]
+
+
+def test_global_batch_larger_than_data_is_an_error():
+    data = data_lib.load(Config(dataset="synthetic", synthetic_train_examples=10, synthetic_test_examples=5))
+    with pytest.raises(UserError, match="larger than the 10 training examples"):
+        data_lib.steps_per_epoch(data, 64)

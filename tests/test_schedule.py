@@ -1,0 +1,35 @@
+"""Periodic actions as pure functions of the step (explicit step numbers, no training)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import UserError
+from engine.schedule import Schedule
+
+
+def _loops(schedule, start=0):
+    step, ends = start, []
+    while step < schedule.total_steps:
+        step += schedule.next_loop_steps(step)
+        ends.append(step)
+    return ends
+
+
+def test_loops_stop_at_eval_checkpoint_and_end():
+    schedule = Schedule(total_steps=25, steps_per_epoch=10, steps_per_loop=4, checkpoint_every=6)
+    assert _loops(schedule) == [4, 6, 10, 12, 16, 18, 20, 24, 25]
+    assert [s for s in _loops(schedule) if schedule.eval_due(s)] == [10, 20, 25]
+    assert [s for s in _loops(schedule) if schedule.checkpoint_due(s)] == [6, 12, 18, 24, 25]
+
+
+def test_resume_mid_epoch_continues_the_same_boundaries():
+    schedule = Schedule(total_steps=30, steps_per_epoch=10, steps_per_loop=100)
+    assert _loops(schedule, start=13) == [20, 30]
+
+
+def test_epochs_and_bad_values():
+    schedule = Schedule(total_steps=30, steps_per_epoch=10, steps_per_loop=5)
+    assert schedule.epoch(29) == 2 and schedule.epoch(30) == 3
+    with pytest.raises(UserError, match="steps_per_loop"):
+        Schedule(total_steps=30, steps_per_epoch=10, steps_per_loop=0)
