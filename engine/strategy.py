@@ -62,9 +62,11 @@ def build_strategy(name: str, cpu_replicas: int = 1, collective_timeout: float =
     if name not in STRATEGIES:
         raise UserError(f"unknown --strategy={name!r}; valid: {', '.join(STRATEGIES)}")
     configure_cpu_replicas(cpu_replicas)
-    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    # Physical device lists do not initialise the runtime (logical ones do, and the
+    # multi-worker strategy must configure collectives before that happens).
+    gpus = [f"/gpu:{i}" for i in range(len(tf.config.list_physical_devices("GPU")))]
     if name == "multi_worker_mirrored":
-        return _multi_worker(collective_timeout)
+        return _multi_worker(collective_timeout, gpus)
     if name == "default":
         strategy = tf.distribute.get_strategy()
         return Placement(strategy, name, (gpus[0] if gpus else "/cpu:0",), is_chief=True)
@@ -76,7 +78,7 @@ def build_strategy(name: str, cpu_replicas: int = 1, collective_timeout: float =
     return Placement(strategy, name, devices, is_chief=True)
 
 
-def _multi_worker(collective_timeout: float) -> Placement:
+def _multi_worker(collective_timeout: float, gpus: list) -> Placement:
     raw = os.environ.get("TF_CONFIG")
     if not raw:
         raise UserError(
@@ -94,7 +96,6 @@ def _multi_worker(collective_timeout: float) -> Placement:
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     is_chief = task_type == "chief" or (task_type == "worker" and task_id == 0 and "chief" not in cluster)
     num_workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
-    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
     return Placement(
         strategy, "multi_worker_mirrored", tuple(gpus) or ("/cpu:0",), is_chief,
         task_type=task_type, task_id=task_id, num_workers=num_workers,

@@ -45,3 +45,11 @@ def test_per_replica_mean_loss_breaks_equivalence(tmp_path):
     one = _trained_weights(tmp_path, "one", strategy="mirrored", cpu_replicas=1, optimizer="sgd", task=task)
     two = _trained_weights(tmp_path, "two", strategy="mirrored", cpu_replicas=2, optimizer="sgd", task=task)
     assert _max_difference(one, two) > 1e-3
+
+
+def test_seeded_deterministic_runs_repeat_bitwise(tmp_path):
+    first = _trained_weights(tmp_path, "a", strategy="default", deterministic=True, train_steps=4)
+    second = _trained_weights(tmp_path, "b", strategy="default", deterministic=True, train_steps=4)
+    assert all(np.array_equal(x, y) for x, y in zip(first, second))
+    other_seed = _trained_weights(tmp_path, "c", strategy="default", deterministic=True, train_steps=4, seed=8)
+    assert _max_difference(first, other_seed) > 1e-3
