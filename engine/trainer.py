@@ -45,7 +45,8 @@ def _banner(config, placement, data, per_replica, schedule, seed, model, start_s
         f"strategy     {placement.name}: {placement.num_replicas} replica(s) on {', '.join(placement.devices)}"
         + (f"; worker {placement.task_type}:{placement.task_id} of {placement.num_workers}"
            f"{' (chief)' if placement.is_chief else ''}" if placement.task_type else ""),
-        f"global batch {config.global_batch} = {placement.num_replicas} replicas x {per_replica}",
+        f"global batch {config.global_batch} = {placement.num_replicas} "
+        f"{'replica' if placement.num_replicas == 1 else 'replicas'} x {per_replica}",
         f"data         {data.name}: {len(data.train_images)} train / {len(data.test_images)} test "
         f"images {data.image_shape}, from {data.source}",
         f"model        {config.model} ({model.count_params():,} parameters), task {config.task}, "
