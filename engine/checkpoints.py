@@ -28,10 +28,13 @@ class Checkpointer:
         latest = tf.train.latest_checkpoint(self.real_dir)
         if latest is None:
             return None
+        status = None
         try:
             status = self.checkpoint.restore(latest)
             status.assert_existing_objects_matched()
         except (tf.errors.OpError, AssertionError, ValueError) as err:
+            if status is not None:
+                status.expect_partial()  # no "unrestored values" warning at exit: we stop anyway
             first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise UserError(
                 f"cannot restore checkpoint {latest} (it does not match this model/optimizer, or is "

@@ -54,7 +54,9 @@ def _banner(config, placement, data, per_replica, schedule, seed, model, start_s
         f"schedule     {schedule.total_steps} steps ({schedule.total_steps / schedule.steps_per_epoch:.2f} "
         f"epochs of {schedule.steps_per_epoch}), {schedule.steps_per_loop} steps per compiled loop, "
         f"eval every {schedule.eval_interval}, checkpoint every {schedule.checkpoint_interval}",
-        f"seed         {seed}" + ("" if config.seed is not None else f" (random; --seed={seed} repeats it)"),
+        f"seed         {seed}" + (
+            " (the resumed run's)" if start_step
+            else "" if config.seed is not None else f" (random; --seed={seed} repeats it)"),
         f"model_dir    {config.model_dir}"
         + (f" (resuming at step {start_step})" if start_step else ""),
     ]
@@ -91,6 +93,7 @@ def train(config, out=None) -> RunResult:
 
     with strategy.scope():
         task.model = task.build_model()
+        strategy_lib.check_variables_in_scope(strategy, task.model.variables)
         task.optimizer = task.build_optimizer()
         task.optimizer.build(task.model.trainable_variables)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
@@ -99,9 +102,7 @@ def train(config, out=None) -> RunResult:
                             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         seed_variable = tf.Variable(seed, dtype=tf.int64, trainable=False, name="seed",
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-    strategy_lib.check_variables_in_scope(
-        strategy, list(task.model.trainable_variables) + list(task.optimizer.variables)
-    )
+    strategy_lib.check_variables_in_scope(strategy, task.optimizer.variables)
 
     checkpointer = Checkpointer(
         config.model_dir, placement.is_chief, config.keep_checkpoints,
@@ -109,7 +110,9 @@ def train(config, out=None) -> RunResult:
     )
     checkpoint_path = checkpointer.restore_latest()
     start_step = int(global_step.numpy())
-    seed = int(seed_variable.numpy())  # a resumed run keeps its data order
+    if int(seed_variable.numpy()) != seed:  # a resumed run keeps its seed, so its data order
+        seed = int(seed_variable.numpy())
+        keras.utils.set_random_seed(seed)  # the shuffle depends on the global seed too
     _banner(config, placement, data, per_replica, schedule, seed, task.model, start_step, out)
 
     writers = create_writers(config.model_dir, placement.is_chief)

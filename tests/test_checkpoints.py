@@ -45,3 +45,14 @@ def test_finished_run_trains_nothing_more(tmp_path):
     train(config, out=open(os.devnull, "w"))
     again = train(config, out=open(os.devnull, "w"))
     assert again.start_step == again.final_step == 3 and "accuracy" in again.eval_metrics
+
+
+def test_resume_without_seed_keeps_the_runs_seed_and_data_order(tmp_path):
+    config = small_config(tmp_path / "resumed", seed=None, export=True, train_steps=3)
+    train(config, out=open(os.devnull, "w"))
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "resumed" / "checkpoints")))
+    seed = int(reader.get_tensor("seed/.ATTRIBUTES/VARIABLE_VALUE"))
+    train(config.replace(train_steps=8), out=open(os.devnull, "w"))
+    train(config.replace(model_dir=str(tmp_path / "straight"), seed=seed, train_steps=8), out=open(os.devnull, "w"))
+    for a, b in zip(exported_weights(tmp_path / "resumed"), exported_weights(tmp_path / "straight")):
+        np.testing.assert_allclose(a, b, atol=1e-5)
