@@ -42,15 +42,29 @@ def main(argv) -> int:
     config = engine_flags.config_from_flags()
     try:
         train(config)
+        return 0
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
-    return 0
+        message, exit_code = f"error: {err}", err.exit_code
+    # `err` and the trainer's frames are gone now; collect them so TensorFlow's clean-up warnings
+    # (e.g. "deleted with unrestored values" after a failed restore) come before the error line.
+    import gc
+    gc.collect()
+    print(message, file=sys.stderr)
+    return exit_code
 
 
 def entry_point() -> None:
     """The console script (`ctl-train`): the same as `python run.py`."""
-    app.run(main)
+    try:
+        app.run(main)
+    except SystemExit as exit_:
+        # absl exits 1 after --help; 1 means "flag error" here, and asking for help is not one.
+        if exit_.code == 1 and _HELP_FLAGS.intersection(sys.argv[1:]):
+            raise SystemExit(0) from None
+        raise
+
+
+_HELP_FLAGS = {"--help", "-help", "-?", "--helpshort", "-helpshort", "--helpfull", "-helpfull", "--helpxml"}
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ class Checkpointer:
             first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise UserError(
                 f"cannot restore checkpoint {latest} (it does not match this model/optimizer, or is "
-                f"corrupt: {first_line[:200]}); use a new --model_dir or the flags of that run"
+                f"corrupt: {first_line[:400]}); use a new --model_dir or the flags of that run"
             ) from None
         return latest
 

@@ -31,7 +31,8 @@ def tiny_run(model_dir, *extra, train_steps=4, **kwargs):
 
 
 def explain(proc) -> str:
-    return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
+    return (f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n"
+            f"--- stderr ---\n{proc.stderr[-3000:]}")
 
 
 def last_line(text: str) -> str:
@@ -159,37 +160,39 @@ def _empty_dir(tmp):
 _LABELS_12 = (np.arange(256) % 10).astype(np.uint8)
 _LABELS_12[5] = 12
 
-# (id, args (a list, or a function of tmp_path giving one), exit code, keywords in the last line)
+# args (a list, or a function of tmp_path giving one), exit code, keywords in the last line
 BAD_INPUTS = [
-    ("unknown_strategy", ["--strategy=nope"], 1, ["strategy"]),
-    ("global_batch_zero", ["--global_batch=0"], 1, ["global_batch"]),
-    ("cpu_replicas_zero", ["--cpu_replicas=0"], 1, ["cpu_replicas"]),
-    ("batch_not_divisible", ["--global_batch=64", "--strategy=mirrored", "--cpu_replicas=3"], 2,
-     ["not divisible"]),
-    ("missing_data_dir", lambda tmp: [f"--data_dir={tmp / 'no_such_dir'}"], 2, ["not a directory"]),
-    ("empty_idx_dir", _empty_dir, 2, ["IDX"]),
-    ("truncated_idx", _idx(images_truncate_to=16 + 100 * 28 * 28), 2, ["truncated"]),
-    ("bad_magic", _idx(images_magic=0x00000F03), 2, ["magic"]),
-    ("labels_out_of_range", _idx(train_labels=_LABELS_12), 2, ["labels"]),
-    ("count_mismatch", _idx(train_labels=(np.arange(250) % 10).astype(np.uint8)), 2,
-     ["256 images", "250 labels"]),
-    ("unknown_model", ["--model=nope"], 2, ["--model", "cnn"]),
-    ("unknown_task", ["--task=nope"], 2, ["--task"]),
-    ("task_not_a_subclass", [f"--task={TEST_TASKS}:NotATask"], 2, ["subclass"]),
-    ("task_missing_class", [f"--task={TEST_TASKS}:NoSuchClass"], 2, ["NoSuchClass"]),
-    ("task_missing_module", ["--task=no_such_module_xyz:Task"], 2, ["no_such_module_xyz"]),
-    ("model_outside_scope", [f"--task={TEST_TASKS}:ModelOutsideScopeTask", *MIRRORED_2], 2,
-     ["outside strategy.scope"]),
-    ("task_file_missing", ["--task=/no/such/file.py:X"], 2, ["/no/such/file.py"]),
-    ("stray_positional", ["stray"], 2, ["unexpected", "stray"]),
-    ("batch_larger_than_train_set", ["--synthetic_train_examples=32"], 2, ["larger than", "32"]),
-    ("multi_worker_without_tf_config", ["--strategy=multi_worker_mirrored"], 2, ["TF_CONFIG"]),
+    pytest.param(["--strategy=nope"], 1, ["strategy"], id="unknown_strategy"),
+    pytest.param(["--global_batch=0"], 1, ["global_batch"], id="global_batch_zero"),
+    pytest.param(["--cpu_replicas=0"], 1, ["cpu_replicas"], id="cpu_replicas_zero"),
+    pytest.param(["--global_batch=64", "--strategy=mirrored", "--cpu_replicas=3"], 2, ["not divisible"],
+                 id="batch_not_divisible"),
+    pytest.param(lambda tmp: [f"--data_dir={tmp / 'no_such_dir'}"], 2, ["not a directory"],
+                 id="missing_data_dir"),
+    pytest.param(_empty_dir, 2, ["IDX"], id="empty_idx_dir"),
+    pytest.param(_idx(images_truncate_to=16 + 100 * 28 * 28), 2, ["truncated"], id="truncated_idx"),
+    pytest.param(_idx(images_magic=0x00000F03), 2, ["magic"], id="bad_magic"),
+    pytest.param(_idx(train_labels=_LABELS_12), 2, ["labels"], id="labels_out_of_range"),
+    pytest.param(_idx(train_labels=(np.arange(250) % 10).astype(np.uint8)), 2, ["256 images", "250 labels"],
+                 id="count_mismatch"),
+    pytest.param(["--model=nope"], 2, ["--model", "cnn"], id="unknown_model"),
+    pytest.param(["--task=nope"], 2, ["--task"], id="unknown_task"),
+    pytest.param([f"--task={TEST_TASKS}:NotATask"], 2, ["subclass"], id="task_not_a_subclass"),
+    pytest.param([f"--task={TEST_TASKS}:NoSuchClass"], 2, ["NoSuchClass"], id="task_missing_class"),
+    pytest.param(["--task=no_such_module_xyz:Task"], 2, ["no_such_module_xyz"],
+                 id="task_missing_module"),
+    pytest.param([f"--task={TEST_TASKS}:ModelOutsideScopeTask", *MIRRORED_2], 2, ["outside strategy.scope"],
+                 id="model_outside_scope"),
+    pytest.param(["--task=/no/such/file.py:X"], 2, ["/no/such/file.py"], id="task_file_missing"),
+    pytest.param(["stray"], 2, ["unexpected", "stray"], id="stray_positional"),
+    pytest.param(["--synthetic_train_examples=32"], 2, ["larger than", "32"],
+                 id="batch_larger_than_train_set"),
+    pytest.param(["--strategy=multi_worker_mirrored"], 2, ["TF_CONFIG"],
+                 id="multi_worker_without_tf_config"),
 ]
 
 
-@pytest.mark.parametrize(
-    "args, exit_code, keywords", [case[1:] for case in BAD_INPUTS], ids=[case[0] for case in BAD_INPUTS]
-)
+@pytest.mark.parametrize("args, exit_code, keywords", BAD_INPUTS)
 def test_bad_input_fails_with_one_clear_line(tmp_path, args, exit_code, keywords):
     args = args(tmp_path) if callable(args) else args
     # Defaults: a tiny synthetic run; the case's own flags come last and win.
@@ -228,44 +231,66 @@ def test_mnist_without_local_files_or_network(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # 5. --help shows the engine's flags (not hidden under --helpfull).
 
-def test_help_lists_the_engine_flags():
-    proc = run_cli("--help", timeout=120)
-    assert proc.returncode == 0, explain(proc)
-    output = proc.stdout + proc.stderr
+@pytest.fixture(scope="module")
+def help_run():
+    return run_cli("--help", timeout=120)
+
+
+def test_help_lists_the_engine_flags(help_run):
+    output = help_run.stdout + help_run.stderr
+    assert "Traceback" not in output, explain(help_run)
     for flag in ("--strategy", "--global_batch", "--cpu_replicas", "--model_dir", "--steps_per_loop",
                  "--dataset", "--data_dir", "--task", "--train_steps"):
-        assert flag in output, f"{flag} missing from --help:\n{output}"
+        assert flag in help_run.stdout, f"{flag} missing from --help:\n{explain(help_run)}"
+
+
+def test_help_exits_zero(help_run):
+    assert help_run.returncode == 0, explain(help_run)
 
 
 # ---------------------------------------------------------------------------------------------
 # 6. A checkpoint that cannot be restored stops the run (no silent fresh start or partial restore).
 
-def _assert_checkpoint_error(proc):
+def _resume_cases(trained_dir, base):
+    """{case: (model_dir, CompletedProcess)} for each checkpoint that must not restore."""
+    cases = {}
+    # Garbage in the .index file.
+    model_dir = copy_run(trained_dir, base / "corrupt")
+    with open(os.path.join(model_dir, "checkpoints", "ckpt-4.index"), "wb") as f:
+        f.write(b"this is not a checkpoint index" * 10)
+    cases["corrupt_index"] = (model_dir, tiny_run(model_dir, train_steps=6))
+    # An mlp checkpoint resumed as a cnn.
+    model_dir = copy_run(trained_dir, base / "mlp_to_cnn")
+    cases["mlp_to_cnn"] = (model_dir, tiny_run(model_dir, "--model=cnn", train_steps=6))
+    # A cnn checkpoint resumed as an mlp.
+    model_dir = str(base / "cnn_to_mlp" / "run")
+    first = tiny_run(model_dir, "--model=cnn", train_steps=2)
+    assert first.returncode == 0, explain(first)
+    cases["cnn_to_mlp"] = (model_dir, tiny_run(model_dir, "--model=mlp", train_steps=6))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def bad_resumes(trained_dir, tmp_path_factory):
+    return _resume_cases(trained_dir, tmp_path_factory.mktemp("bad_resume"))
+
+
+RESUME_CASES = ["corrupt_index", "mlp_to_cnn", "cnn_to_mlp"]
+
+
+@pytest.mark.parametrize("case", RESUME_CASES)
+def test_unrestorable_checkpoint_stops_the_run(bad_resumes, case):
+    model_dir, proc = bad_resumes[case]
     assert proc.returncode == 2, explain(proc)
     assert "Traceback" not in proc.stderr, explain(proc)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "checkpoint" in errors[0], explain(proc)
+    assert not any(l.startswith("done") for l in proc.stdout.splitlines()), explain(proc)
+    assert not os.path.exists(os.path.join(model_dir, "checkpoints", "ckpt-6.index")), "trained anyway"
+
+
+@pytest.mark.parametrize("case", RESUME_CASES)
+def test_unrestorable_checkpoint_error_is_the_last_line(bad_resumes, case):
+    _, proc = bad_resumes[case]
     line = last_line(proc.stderr)
     assert line.startswith("error: ") and "checkpoint" in line, explain(proc)
-    assert not any(l.startswith("done") for l in proc.stdout.splitlines()), proc.stdout
-
-
-def test_corrupt_checkpoint_index(trained_dir, tmp_path):
-    model_dir = copy_run(trained_dir, tmp_path)
-    index = os.path.join(model_dir, "checkpoints", "ckpt-4.index")
-    with open(index, "wb") as f:
-        f.write(b"this is not a checkpoint index" * 10)
-    _assert_checkpoint_error(tiny_run(model_dir, train_steps=6))
-    assert not os.path.exists(os.path.join(model_dir, "checkpoints", "ckpt-6.index"))
-
-
-def test_resume_with_a_different_model(trained_dir, tmp_path):
-    model_dir = copy_run(trained_dir, tmp_path)  # trained with --model=mlp
-    _assert_checkpoint_error(tiny_run(model_dir, "--model=cnn", train_steps=6))
-    assert not os.path.exists(os.path.join(model_dir, "checkpoints", "ckpt-6.index"))
-
-
-def test_resume_cnn_checkpoint_with_mlp(tmp_path):
-    model_dir = str(tmp_path / "run")
-    first = tiny_run(model_dir, "--model=cnn", train_steps=2, timeout=240)
-    assert first.returncode == 0, explain(first)
-    _assert_checkpoint_error(tiny_run(model_dir, "--model=mlp", train_steps=4))
-    assert not os.path.exists(os.path.join(model_dir, "checkpoints", "ckpt-4.index"))
