@@ -37,10 +37,21 @@ def main(argv) -> int:
         print(f"error: unexpected arguments {argv[1:]} (flags look like --name=value)", file=sys.stderr)
         return 2
     from engine.errors import UserError
-    from engine.trainer import train
 
     config = engine_flags.config_from_flags()
+    if config.strategy == "multi_worker_mirrored" and config.num_workers and not os.environ.get("TF_CONFIG"):
+        from engine.launch import launch
+
+        # Every worker gets the same model_dir (a default one is resolved here, once).
+        return launch(config.num_workers, [*sys.argv[1:], f"--model_dir={config.model_dir}"],
+                      script=os.path.abspath(__file__))
     try:
+        if config.strategy == "multi_worker_mirrored":
+            from engine.cluster import parse_tf_config
+
+            parse_tf_config(os.environ.get("TF_CONFIG"))  # fail in a second, before TensorFlow loads
+        from engine.trainer import train
+
         train(config)
         return 0
     except UserError as err:

@@ -12,6 +12,8 @@ class Config:
     strategy: str = "default"
     cpu_replicas: int = 1
     collective_timeout: float = 300.0  # seconds; multi-worker collectives fail after this.
+    num_workers: int = 0  # > 0 without TF_CONFIG: start that many local workers.
+    input_mode: str = "distribute_dataset"  # or "per_worker"
     # Data.
     dataset: str = "synthetic"
     data_dir: Optional[str] = None

@@ -18,6 +18,7 @@ from engine import readers
 from engine.errors import UserError
 
 DATASETS = ("mnist", "fashion_mnist", "synthetic")
+INPUT_MODES = ("distribute_dataset", "per_worker")
 DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 
@@ -183,15 +184,45 @@ def _with_options(dataset: tf.data.Dataset, deterministic: bool = True) -> tf.da
     return dataset.with_options(options)
 
 
-def train_dataset(images, labels, global_batch: int, seed: int | None, skip_batches: int = 0):
-    """The endless training stream of GLOBAL batches; epoch k is the k-th reshuffle."""
+def _global_batches(images, labels, global_batch: int, seed: int | None, skip_batches: int):
+    """Raw (uint8) GLOBAL batches: shuffled, batched, repeated, already-trained batches skipped."""
     dataset = tf.data.Dataset.from_tensor_slices((images, labels))
     dataset = dataset.shuffle(len(images), seed=seed, reshuffle_each_iteration=True)
     dataset = dataset.batch(global_batch, drop_remainder=True).repeat()
-    if skip_batches:
-        dataset = dataset.skip(skip_batches)
+    return dataset.skip(skip_batches) if skip_batches else dataset
+
+
+def train_dataset(images, labels, global_batch: int, seed: int | None, skip_batches: int = 0):
+    """The endless training stream of GLOBAL batches; epoch k is the k-th reshuffle."""
+    dataset = _global_batches(images, labels, global_batch, seed, skip_batches)
     dataset = dataset.map(_normalise, num_parallel_calls=tf.data.AUTOTUNE)
     return _with_options(dataset.prefetch(tf.data.AUTOTUNE))
+
+
+def per_worker_train_dataset_fn(images, labels, global_batch: int, seed: int | None, skip_batches: int = 0):
+    """For `strategy.distribute_datasets_from_function`: each worker's pipeline yields its own
+    replicas' per-replica batches. It draws the same seeded global batches as `train_dataset`
+    and keeps this worker's contiguous slice, so the replicas see exactly what they would see
+    with `experimental_distribute_dataset` (and N workers still train like one replica)."""
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        per_replica = context.get_per_replica_batch_size(global_batch)
+        local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
+        start = context.input_pipeline_id * local_replicas * per_replica
+
+        def this_workers_batches(batch_images, batch_labels):
+            mine = slice(start, start + local_replicas * per_replica)
+            return tf.data.Dataset.from_tensor_slices((
+                tf.reshape(batch_images[mine], [local_replicas, per_replica, *images.shape[1:]]),
+                tf.reshape(batch_labels[mine], [local_replicas, per_replica]),
+            ))
+
+        dataset = _global_batches(images, labels, global_batch, seed, skip_batches)
+        dataset = dataset.flat_map(this_workers_batches)
+        dataset = dataset.map(_normalise, num_parallel_calls=tf.data.AUTOTUNE)
+        return dataset.prefetch(tf.data.AUTOTUNE)
+
+    return dataset_fn
 
 
 def eval_dataset(images, labels, global_batch: int):
@@ -199,6 +230,16 @@ def eval_dataset(images, labels, global_batch: int):
     dataset = tf.data.Dataset.from_tensor_slices((images, labels)).batch(global_batch)
     dataset = dataset.map(_normalise, num_parallel_calls=tf.data.AUTOTUNE)
     return _with_options(dataset.prefetch(tf.data.AUTOTUNE))
+
+
+def distributed_train_data(strategy, data: ArrayData, config, seed: int, skip_batches: int):
+    """The training stream split across replicas, by `--input_mode`."""
+    arrays = (data.train_images, data.train_labels, config.global_batch, seed, skip_batches)
+    if config.input_mode == "per_worker":
+        return strategy.distribute_datasets_from_function(per_worker_train_dataset_fn(*arrays))
+    if config.input_mode != "distribute_dataset":
+        raise UserError(f"unknown --input_mode={config.input_mode!r}; valid: {', '.join(INPUT_MODES)}")
+    return strategy.experimental_distribute_dataset(train_dataset(*arrays))
 
 
 def steps_per_epoch(data: ArrayData, global_batch: int) -> int:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 import tensorflow as tf
 
+from engine.cluster import Cluster, parse_tf_config
 from engine.errors import UserError
+from engine.watchdog import rendezvous
 
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored")
 
@@ -24,6 +25,7 @@ class Placement:
     task_type: str | None = None
     task_id: int | None = None
     num_workers: int = 1
+    cluster: Cluster | None = None
 
     @property
     def num_replicas(self) -> int:
@@ -79,26 +81,14 @@ def build_strategy(name: str, cpu_replicas: int = 1, collective_timeout: float =
 
 
 def _multi_worker(collective_timeout: float, gpus: list) -> Placement:
-    raw = os.environ.get("TF_CONFIG")
-    if not raw:
-        raise UserError(
-            "--strategy=multi_worker_mirrored needs TF_CONFIG (a JSON cluster spec) in the "
-            "environment of every worker; see README 'Several machines'"
-        )
-    try:
-        tf_config = json.loads(raw)
-        cluster = tf_config["cluster"]
-        task = tf_config["task"]
-        task_type, task_id = task["type"], int(task["index"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise UserError(f"TF_CONFIG is not a valid cluster spec ({err!r}): {raw[:200]}") from None
+    cluster = parse_tf_config(os.environ.get("TF_CONFIG"))
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout)
+    rendezvous(cluster, collective_timeout)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    is_chief = task_type == "chief" or (task_type == "worker" and task_id == 0 and "chief" not in cluster)
-    num_workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
     return Placement(
-        strategy, "multi_worker_mirrored", tuple(gpus) or ("/cpu:0",), is_chief,
-        task_type=task_type, task_id=task_id, num_workers=num_workers,
+        strategy, "multi_worker_mirrored", tuple(gpus) or ("/cpu:0",), cluster.is_chief,
+        task_type=cluster.task_type, task_id=cluster.task_index, num_workers=cluster.num_workers,
+        cluster=cluster,
     )
 
 

@@ -14,12 +14,16 @@ import tensorflow as tf
 
 from engine import data as data_lib
 from engine import strategy as strategy_lib
+from engine.agreement import agree
 from engine.checkpoints import Checkpointer
+from engine.cluster import parse_tf_config
+from engine.errors import UserError
 from engine.loop import make_eval_loop, make_train_loop, ratios
 from engine.progress import Progress, format_duration
 from engine.schedule import Schedule
 from engine.summaries import create_writers
 from engine.task_loader import load_task_class
+from engine.watchdog import PeerWatchdog, collective_failure
 
 
 @dataclasses.dataclass
@@ -42,15 +46,15 @@ def _scalar(value) -> float:
 
 def _banner(config, placement, data, per_replica, schedule, seed, model, start_step, out):
     lines = [
-        f"strategy     {placement.name}: {placement.num_replicas} replica(s) on {', '.join(placement.devices)}"
-        + (f"; worker {placement.task_type}:{placement.task_id} of {placement.num_workers}"
-           f"{' (chief)' if placement.is_chief else ''}" if placement.task_type else ""),
+        f"strategy     {placement.name}: {placement.num_replicas} replica(s) in sync, this process on "
+        f"{', '.join(placement.devices)}",
+        *([f"cluster      {placement.cluster.describe()}"] if placement.cluster else []),
         f"global batch {config.global_batch} = {placement.num_replicas} "
         f"{'replica' if placement.num_replicas == 1 else 'replicas'} x {per_replica}",
         f"data         {data.name}: {len(data.train_images)} train / {len(data.test_images)} test "
         f"images {data.image_shape}, from {data.source}",
         f"model        {config.model} ({model.count_params():,} parameters), task {config.task}, "
-        f"optimizer {config.optimizer}",
+        f"optimizer {config.optimizer}, input {config.input_mode}",
         f"schedule     {schedule.total_steps} steps ({schedule.total_steps / schedule.steps_per_epoch:.2f} "
         f"epochs of {schedule.steps_per_epoch}), {schedule.steps_per_loop} steps per compiled loop, "
         f"eval every {schedule.eval_interval}, checkpoint every {schedule.checkpoint_interval}",
@@ -70,12 +74,29 @@ def _banner(config, placement, data, per_replica, schedule, seed, model, start_s
 
 
 def train(config, out=None) -> RunResult:
-    out = out or sys.stdout
+    """Runs one training job as `config` says; returns what it achieved."""
+    try:
+        return _train(config, out or sys.stdout)
+    except tf.errors.OpError as err:
+        if config.strategy != "multi_worker_mirrored":
+            raise
+        raise collective_failure(err, parse_tf_config(os.environ.get("TF_CONFIG"))) from None
+
+
+def _train(config, out) -> RunResult:
     started = time.perf_counter()
     placement = strategy_lib.build_strategy(config.strategy, config.cpu_replicas, config.collective_timeout)
     strategy = placement.strategy
     per_replica = strategy_lib.per_replica_batch(config.global_batch, placement.num_replicas)
     seed = config.seed if config.seed is not None else random.randrange(2**31)
+    cluster = placement.cluster
+    if cluster is not None:
+        if config.num_workers and config.num_workers != cluster.num_workers:
+            raise UserError(f"--num_workers={config.num_workers} but TF_CONFIG lists {cluster.num_workers} workers")
+        agreement_start = time.perf_counter()
+        seed = agree(strategy, config, cluster, seed)
+        out.write(f"agreement    all {cluster.num_workers} workers run the same flags "
+                  f"(checked in {time.perf_counter() - agreement_start:.3f} s)\n")
     keras.utils.set_random_seed(seed)
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -118,10 +139,7 @@ def train(config, out=None) -> RunResult:
     writers = create_writers(config.model_dir, placement.is_chief)
     if start_step == 0:
         writers["train"].write_text(0, "config", _config_markdown(config, placement, seed))
-    train_data = strategy.experimental_distribute_dataset(
-        data_lib.train_dataset(data.train_images, data.train_labels, config.global_batch, seed,
-                               skip_batches=start_step)
-    )
+    train_data = data_lib.distributed_train_data(strategy, data, config, seed, skip_batches=start_step)
     eval_data = strategy.experimental_distribute_dataset(
         data_lib.eval_dataset(data.test_images, data.test_labels, config.global_batch)
     )
@@ -149,7 +167,10 @@ def train(config, out=None) -> RunResult:
     iterator = iter(train_data)
     eval_metrics, train_metrics = {}, {}
     trained_examples, training_seconds, first_loop_seconds = 0, 0.0, None
+    peers = PeerWatchdog(cluster, config.collective_timeout) if cluster else None
     try:
+        if peers:
+            peers.start()
         if step >= schedule.total_steps:
             progress.message(f"model_dir already holds step {step} of {schedule.total_steps}: nothing to train")
         while step < schedule.total_steps:
@@ -178,12 +199,16 @@ def train(config, out=None) -> RunResult:
                 writers["train"].flush()
         if not eval_metrics:
             eval_metrics = evaluate(step)
+        if peers:
+            peers.stop()  # the last collective is done; a worker that exits now is not lost
         export_path = None
         if placement.is_chief and config.export:
             export_path = os.path.join(config.model_dir, "export", "model.keras")
             os.makedirs(os.path.dirname(export_path), exist_ok=True)
             task.model.save(export_path)
     finally:
+        if peers:
+            peers.stop()
         for writer in writers.values():
             writer.close()
         checkpointer.close()

@@ -35,6 +35,16 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "collective_timeout", 300.0,
         "Seconds before a multi-worker collective (all-reduce) gives up, so a dead worker is an "
         "error, not a hang.", lower_bound=1.0, **f)
+    absl_flags.DEFINE_integer(
+        "num_workers", 0,
+        "With --strategy=multi_worker_mirrored and no TF_CONFIG: start this many local worker "
+        "processes on 127.0.0.1 (free ports, one TF_CONFIG each). With TF_CONFIG: must match its "
+        "cluster size (0: not checked).", lower_bound=0, upper_bound=64, **f)
+    absl_flags.DEFINE_enum(
+        "input_mode", "distribute_dataset", ("distribute_dataset", "per_worker"),
+        "How training data reaches the replicas: distribute_dataset (one pipeline of global "
+        "batches, split by strategy.experimental_distribute_dataset) or per_worker (each worker "
+        "builds its own pipeline of per-replica batches, strategy.distribute_datasets_from_function).", **f)
     # Data.
     absl_flags.DEFINE_enum(
         "dataset", "mnist", DATASETS,
@@ -103,6 +113,7 @@ def config_from_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> 
     model_dir = v.model_dir or default_model_dir(v.dataset, v.model, v.strategy)
     return Config(
         strategy=v.strategy, cpu_replicas=v.cpu_replicas, collective_timeout=v.collective_timeout,
+        num_workers=v.num_workers, input_mode=v.input_mode,
         dataset=v.dataset, data_dir=v.data_dir, synthetic_train_examples=v.synthetic_train_examples,
         synthetic_test_examples=v.synthetic_test_examples, model=v.model, task=v.task,
         optimizer=v.optimizer, learning_rate=v.learning_rate, global_batch=v.global_batch,

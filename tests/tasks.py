@@ -42,3 +42,17 @@ class WrongMetricsTask(Task):
 
 class NotATask:
     pass
+
+
+class FailOnWorkerOneTask(Task):
+    """Fails on worker 1 only (as a bug in one worker's environment would)."""
+
+    def __init__(self, config, **kwargs):
+        import json
+        import os
+
+        from engine.errors import UserError
+
+        if json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index") == 1:
+            raise UserError("FailOnWorkerOneTask: worker 1 fails on purpose")
+        super().__init__(config, **kwargs)

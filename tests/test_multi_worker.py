@@ -1,62 +1,152 @@
-"""Two real worker processes on 127.0.0.1 (MultiWorkerMirroredStrategy via TF_CONFIG)."""
+"""Real worker processes on 127.0.0.1 (MultiWorkerMirroredStrategy via TF_CONFIG), each bounded
+by timeouts: equivalence of worker layouts, agreement, lost workers, the launcher, resume."""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
+import pytest
 
-from conftest import REPO, exported_weights, small_config
+from conftest import REPO, TEST_TASKS, exported_weights, run_cli, small_config
+from engine.launch import worker_tf_configs
 from engine.trainer import train
 
+# The same run as conftest.small_config(model="mlp"), as flags.
 ARGS = ["--dataset=synthetic", "--synthetic_train_examples=1024", "--synthetic_test_examples=300",
-        "--global_batch=64", "--train_steps=6", "--steps_per_loop=3", "--seed=7", "--model=cnn",
-        "--optimizer=adam", "--collective_timeout=60"]
+        "--global_batch=64", "--train_steps=6", "--steps_per_loop=3", "--seed=7", "--model=mlp",
+        "--optimizer=adam", "--collective_timeout=30"]
 
 
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def _start_workers(model_dirs, extra_args=()):
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(len(model_dirs))]}
+def _start(per_worker_args, timeout=120):
+    """Starts one worker per entry of `per_worker_args`; returns the Popen objects."""
     processes = []
-    for index, model_dir in enumerate(model_dirs):
-        tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+    for tf_config, args in zip(worker_tf_configs(len(per_worker_args)), per_worker_args):
         env = dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3")
         processes.append(subprocess.Popen(
-            [sys.executable, os.path.join(REPO, "run.py"), "--strategy=multi_worker_mirrored",
-             f"--model_dir={model_dir}", *ARGS, *extra_args],
+            [sys.executable, os.path.join(REPO, "run.py"), "--strategy=multi_worker_mirrored", *args],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         ))
+    return processes
+
+
+def _finish(processes, timeout=120):
     outputs = []
     try:
         for process in processes:
-            outputs.append(process.communicate(timeout=180)[0])
+            outputs.append(process.communicate(timeout=timeout)[0])
     finally:
         for process in processes:
             process.kill()
     return [p.returncode for p in processes], outputs
 
 
-def test_two_workers_match_one_replica_and_only_the_chief_writes(tmp_path):
-    codes, outputs = _start_workers([tmp_path / "chief", tmp_path / "worker1"])
-    assert codes == [0, 0], outputs
-    assert "global batch 64 = 2 replicas x 32" in outputs[0]
-    assert sorted(os.listdir(tmp_path / "chief")) == ["checkpoints", "eval", "export", "train"]
-    assert not (tmp_path / "worker1").exists()  # the other worker wrote nothing of its own
+def _single_process_weights(tmp_path, name, **overrides):
+    config = small_config(tmp_path / name, export=True, model="mlp", optimizer="adam", **overrides)
+    train(config, out=open(os.devnull, "w"))
+    return exported_weights(tmp_path / name)
 
-    train(small_config(tmp_path / "single", export=True, model="cnn", optimizer="adam"),
-          out=open(os.devnull, "w"))
-    for a, b in zip(exported_weights(tmp_path / "chief"), exported_weights(tmp_path / "single")):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+
+def _assert_same(a, b):
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, atol=1e-5)
+
+
+@pytest.mark.parametrize("input_mode", ["distribute_dataset", "per_worker"])
+def test_worker_layouts_train_alike(tmp_path, input_mode):
+    """2 workers x 1 replica == 1 worker x 2 replicas == 1 worker x 1 replica."""
+    launched = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", f"--input_mode={input_mode}",
+                       *ARGS, f"--model_dir={tmp_path / 'two_workers'}", "--export", timeout=180)
+    assert launched.returncode == 0, launched.stdout[-3000:]
+    assert "[worker 0] global batch 64 = 2 replicas x 32" in launched.stdout
+    assert "[worker 1] agreement    all 2 workers run the same flags" in launched.stdout
+    two_workers = exported_weights(tmp_path / "two_workers")
+    one_by_two = _single_process_weights(tmp_path, "one_by_two", strategy="mirrored", cpu_replicas=2,
+                                         input_mode=input_mode)
+    one_by_one = _single_process_weights(tmp_path, "one_by_one", input_mode=input_mode)
+    _assert_same(two_workers, one_by_one)
+    _assert_same(one_by_two, one_by_one)
+
+
+def test_only_the_chief_writes(tmp_path):
+    codes, outputs = _finish(_start([[*ARGS, f"--model_dir={tmp_path / 'chief'}"],
+                                     [*ARGS, f"--model_dir={tmp_path / 'worker1'}"]]))
+    assert codes == [0, 0], outputs
+    assert sorted(os.listdir(tmp_path / "chief")) == ["checkpoints", "eval", "export", "train"]
+    assert not (tmp_path / "worker1").exists()
+
+
+def test_flag_mismatch_stops_every_worker(tmp_path):
+    started = time.monotonic()
+    codes, outputs = _finish(_start([[*ARGS, f"--model_dir={tmp_path}"],
+                                     [*ARGS, f"--model_dir={tmp_path}", "--global_batch=128", "--model=cnn"]]))
+    assert codes == [2, 2], outputs
+    for output in outputs:
+        line = [l for l in output.splitlines() if l.startswith("error:")][-1]
+        assert "--global_batch differs on worker:1 from worker:0" in line and "--model differs" in line
+        assert "Traceback" not in output
+    assert not os.path.exists(tmp_path / "checkpoints")
+    assert time.monotonic() - started < 60
+
+
+def test_killed_worker_is_named_within_the_timeout(tmp_path):
+    long_run = [*ARGS, "--train_steps=1000000", "--steps_per_loop=5", "--checkpoint_every=5",
+                "--collective_timeout=10"]
+    processes = _start([[*long_run, f"--model_dir={tmp_path}"], [*long_run, f"--model_dir={tmp_path}"]])
+    try:
+        deadline = time.monotonic() + 90
+        while not os.path.exists(tmp_path / "checkpoints" / "checkpoint") and time.monotonic() < deadline:
+            assert processes[0].poll() is None, processes[0].communicate()[0]
+            time.sleep(0.2)
+        processes[1].kill()
+        killed_at = time.monotonic()
+        output = processes[0].communicate(timeout=60)[0]
+        elapsed = time.monotonic() - killed_at
+    finally:
+        for process in processes:
+            process.kill()
+    assert processes[0].returncode == 2, output[-3000:]
+    assert elapsed < 10 + 10, elapsed  # the collective timeout plus probing slack
+    error = [l for l in output.splitlines() if l.startswith("error:")][-1]
+    assert "worker:1" in error and "Traceback" not in output
+
+
+def test_worker_that_never_starts_is_named(tmp_path):
+    started = time.monotonic()
+    tf_config = worker_tf_configs(2)[0]
+    env = dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3")
+    alone = subprocess.run(
+        [sys.executable, os.path.join(REPO, "run.py"), "--strategy=multi_worker_mirrored", *ARGS,
+         "--collective_timeout=5", f"--model_dir={tmp_path}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert alone.returncode == 2
+    worker1 = json.loads(tf_config)["cluster"]["worker"][1]
+    assert f"missing worker(s): worker:1 at {worker1}" in alone.stderr.strip().splitlines()[-1]
+    assert time.monotonic() - started < 40
+
+
+def test_launcher_stops_the_rest_at_the_first_failure(tmp_path):
+    started = time.monotonic()
+    result = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", *ARGS,
+                     f"--task={TEST_TASKS}:FailOnWorkerOneTask", f"--model_dir={tmp_path}", timeout=120)
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert "[worker 1] error: FailOnWorkerOneTask: worker 1 fails on purpose" in result.stdout
+    assert "launcher: worker 1 exited with code 2; stopping the others" in result.stdout
+    assert time.monotonic() - started < 30  # well under --collective_timeout=30 plus start-up
+
+
+def test_multi_worker_run_resumes(tmp_path):
+    first = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", *ARGS, "--train_steps=3",
+                    f"--model_dir={tmp_path / 'run'}", timeout=180)
+    assert first.returncode == 0, first.stdout[-3000:]
+    second = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", *ARGS,
+                     f"--model_dir={tmp_path / 'run'}", "--export", timeout=180)
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert "[worker 0] model_dir" in second.stdout and "(resuming at step 3)" in second.stdout
+    assert second.stdout.count("(resuming at step 3)") == 2  # every worker restored
+    _assert_same(exported_weights(tmp_path / "run"), _single_process_weights(tmp_path, "straight"))

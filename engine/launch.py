@@ -1,0 +1,109 @@
+"""Local multi-worker launcher: `run.py --strategy=multi_worker_mirrored --num_workers=N` with no
+TF_CONFIG starts N workers on 127.0.0.1 (like torchrun's standalone mode).
+
+Each worker gets free ports and its own consistent TF_CONFIG; output lines are prefixed with
+"[worker i]"; the first worker to fail stops the others; Ctrl-C stops all; the exit code is the
+first non-zero one. No TensorFlow is imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+GRACE_SECONDS = 10.0
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def worker_tf_configs(num_workers: int, host: str = "127.0.0.1") -> list:
+    cluster = {"worker": [f"{host}:{port}" for port in free_ports(num_workers, host)]}
+    return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}) for i in range(num_workers)]
+
+
+def _relay(index: int, process, lock: threading.Lock, out, exits: queue.Queue) -> None:
+    """Copies a worker's output, prefixed; then reports its exit, so exits arrive in order."""
+    for line in process.stdout:
+        with lock:
+            out.write(f"[worker {index}] {line}")
+            out.flush()
+    exits.put((index, process.wait()))
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated()
+
+
+def _stop(processes, sig=signal.SIGTERM) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(sig)
+    deadline = time.monotonic() + GRACE_SECONDS
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def launch(num_workers: int, args: list, script: str, out=None) -> int:
+    """Runs `python script args...` as `num_workers` workers; returns the first non-zero exit
+    code (0 when all succeed)."""
+    out = out or sys.stdout
+    lock = threading.Lock()
+    exits = queue.Queue()
+    processes, relays = [], []
+    out.write(f"launching {num_workers} local workers on 127.0.0.1\n")
+    for index, tf_config in enumerate(worker_tf_configs(num_workers)):
+        env = dict(os.environ, TF_CONFIG=tf_config, PYTHONUNBUFFERED="1")
+        process = subprocess.Popen(
+            [sys.executable, script, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, bufsize=1,
+        )
+        processes.append(process)
+        relay = threading.Thread(target=_relay, args=(index, process, lock, out, exits), daemon=True)
+        relay.start()
+        relays.append(relay)
+    exit_code, running = 0, len(processes)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        while running:
+            index, code = exits.get()
+            running -= 1
+            if code != 0:
+                exit_code = code
+                with lock:
+                    out.write(f"launcher: worker {index} exited with code {code}; stopping the others\n")
+                _stop(processes)
+                break
+    except (KeyboardInterrupt, _Terminated) as stop:
+        sig = signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT
+        with lock:
+            out.write(f"launcher: {signal.Signals(sig).name}; stopping all workers\n")
+        _stop(processes, sig)
+        exit_code = 128 + sig
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    for relay in relays:
+        relay.join(timeout=5)
+    return exit_code
