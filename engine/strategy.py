@@ -75,8 +75,16 @@ def build_strategy(name: str, cpu_replicas: int = 1, collective_timeout: float =
     if name == "one_device":
         device = "/gpu:0" if gpus else "/cpu:0"
         return Placement(tf.distribute.OneDeviceStrategy(device), name, (device,), is_chief=True)
-    devices = tuple(gpus) if gpus else tuple(f"/cpu:{i}" for i in range(cpu_replicas))
-    strategy = tf.distribute.MirroredStrategy(list(devices))
+    if gpus:
+        devices = tuple(gpus)
+        strategy = tf.distribute.MirroredStrategy(list(devices))  # NCCL all-reduce
+    else:
+        # Logical CPU devices share one memory: reduce through one device. (The default here,
+        # collective all-reduce, also keys its instances per process, so two strategies in one
+        # process, as in tests, could pair up each other's all-reduces.)
+        devices = tuple(f"/cpu:{i}" for i in range(cpu_replicas))
+        strategy = tf.distribute.MirroredStrategy(
+            list(devices), cross_device_ops=tf.distribute.ReductionToOneDevice(reduce_to_device="/cpu:0"))
     return Placement(strategy, name, devices, is_chief=True)
 
 
