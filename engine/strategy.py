@@ -74,6 +74,12 @@ def build_strategy(name: str, cpu_replicas: int = 1, collective_timeout: float =
         device = "/gpu:0" if gpus else "/cpu:0"
         return Placement(tf.distribute.OneDeviceStrategy(device), name, (device,), is_chief=True)
     devices = tuple(gpus) if gpus else tuple(f"/cpu:{i}" for i in range(cpu_replicas))
+    # Every MirroredStrategy starts its collective group and instance keys at the same numbers, and
+    # the runtime remembers a key's tensor shape process-wide: a second strategy in one process
+    # (train() called twice, as the tests do) whose first collectives differ from the first
+    # strategy's fails with "Shape mismatch in the collective instance 100". Give each one its own
+    # key range, as TensorFlow's own tests do (strategy_combinations.py).
+    tf.distribute.MirroredStrategy._collective_key_base += 100_000
     strategy = tf.distribute.MirroredStrategy(list(devices))
     return Placement(strategy, name, devices, is_chief=True)
 

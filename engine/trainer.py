@@ -12,10 +12,14 @@ import time
 import keras
 import tensorflow as tf
 
+from engine import __version__
 from engine import data as data_lib
+from engine import run_record
 from engine import strategy as strategy_lib
 from engine.checkpoints import Checkpointer
+from engine.errors import NonFiniteLoss, Preempted
 from engine.loop import make_eval_loop, make_train_loop, ratios
+from engine.preemption import Watch
 from engine.progress import Progress, format_duration
 from engine.schedule import Schedule
 from engine.summaries import create_writers
@@ -34,6 +38,7 @@ class RunResult:
     seconds_to_first_loop: float
     export_path: str | None
     checkpoint_path: str | None
+    skipped_steps: int = 0  # steps skipped with --on_nonfinite=skip
 
 
 def _scalar(value) -> float:
@@ -72,8 +77,11 @@ def _banner(config, placement, data, per_replica, schedule, seed, model, start_s
 def train(config, out=None) -> RunResult:
     out = out or sys.stdout
     started = time.perf_counter()
+    config_changes = run_record.check_resume(config)  # before anything is built or written
     placement = strategy_lib.build_strategy(config.strategy, config.cpu_replicas, config.collective_timeout)
     strategy = placement.strategy
+    if placement.is_chief:
+        run_record.create_model_dir(config.model_dir)
     per_replica = strategy_lib.per_replica_batch(config.global_batch, placement.num_replicas)
     seed = config.seed if config.seed is not None else random.randrange(2**31)
     keras.utils.set_random_seed(seed)
@@ -103,6 +111,7 @@ def train(config, out=None) -> RunResult:
         seed_variable = tf.Variable(seed, dtype=tf.int64, trainable=False, name="seed",
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     strategy_lib.check_variables_in_scope(strategy, task.optimizer.variables)
+    task.global_step = global_step
 
     checkpointer = Checkpointer(
         config.model_dir, placement.is_chief, config.keep_checkpoints,
@@ -115,6 +124,9 @@ def train(config, out=None) -> RunResult:
         keras.utils.set_random_seed(seed)  # the shuffle depends on the global seed too
     _banner(config, placement, data, per_replica, schedule, seed, task.model, start_step, out)
 
+    if placement.is_chief and (start_step == 0 or config_changes):
+        run_record.write(config, {"engine_version": __version__, "replicas": placement.num_replicas,
+                                  "effective_seed": seed})
     writers = create_writers(config.model_dir, placement.is_chief)
     if start_step == 0:
         writers["train"].write_text(0, "config", _config_markdown(config, placement, seed))
@@ -125,7 +137,8 @@ def train(config, out=None) -> RunResult:
     eval_data = strategy.experimental_distribute_dataset(
         data_lib.eval_dataset(data.test_images, data.test_labels, config.global_batch)
     )
-    train_loop = make_train_loop(strategy, task, global_step, jit_compile=config.jit_compile)
+    train_loop = make_train_loop(strategy, task, global_step, jit_compile=config.jit_compile,
+                                 skip_nonfinite=config.on_nonfinite == "skip")
     eval_loop = make_eval_loop(strategy, task)
     progress = Progress(schedule.total_steps, steps_per_epoch, start_step, stream=out,
                         enabled=placement.is_chief)
@@ -141,41 +154,64 @@ def train(config, out=None) -> RunResult:
         return metrics
 
     def save(at_step):
+        nonlocal saved_step
         epoch.assign(schedule.epoch(at_step))
         path = checkpointer.save(at_step)
+        saved_step = at_step
         return path if placement.is_chief else None
 
-    step = start_step
+    step = saved_step = start_step
     iterator = iter(train_data)
     eval_metrics, train_metrics = {}, {}
-    trained_examples, training_seconds, first_loop_seconds = 0, 0.0, None
+    trained_examples, training_seconds, first_loop_seconds, skipped_steps = 0, 0.0, None, 0
     try:
-        if step >= schedule.total_steps:
-            progress.message(f"model_dir already holds step {step} of {schedule.total_steps}: nothing to train")
-        while step < schedule.total_steps:
-            num_steps = schedule.next_loop_steps(step)
-            loop_start = time.perf_counter()
-            train_metrics = ratios(train_loop(iterator, tf.constant(num_steps, dtype=tf.int32)))
-            seconds = time.perf_counter() - loop_start
-            step += num_steps
-            if first_loop_seconds is None:
-                first_loop_seconds = time.perf_counter() - started
-            else:  # the first loop includes tracing; leave it out of the throughput
-                trained_examples += num_steps * config.global_batch
-                training_seconds += seconds
-            examples_per_sec = num_steps * config.global_batch / seconds
-            writers["train"].write_scalars(step, {
-                **train_metrics,
-                "learning_rate": _scalar(task.optimizer.learning_rate),
-                "steps_per_sec": num_steps / seconds,
-                "examples_per_sec": examples_per_sec,
-            })
-            progress.update(step, train_metrics, examples_per_sec)
-            if schedule.eval_due(step):
-                eval_metrics = evaluate(step)
-            if schedule.checkpoint_due(step):
-                checkpoint_path = save(step) or checkpoint_path
-                writers["train"].flush()
+        with Watch(strategy, placement.num_workers) as watch:
+            if step >= schedule.total_steps:
+                progress.message(f"model_dir already holds step {step} of {schedule.total_steps}: nothing to train")
+            while step < schedule.total_steps:
+                if step > start_step and watch.stop_requested():  # at a loop boundary, on every worker
+                    if saved_step != step:
+                        checkpoint_path = save(step) or checkpoint_path
+                    raise Preempted(
+                        f"{watch.signal_name or 'a signal to another worker'} at step {step}: checkpoint "
+                        f"{checkpoint_path or 'saved by the chief'}; rerun the same command to resume "
+                        "(a second signal ends the run at once)")
+                num_steps = schedule.next_loop_steps(step)
+                loop_start = time.perf_counter()
+                totals, ran, bad = train_loop(iterator, tf.constant(num_steps, dtype=tf.int32))
+                seconds = time.perf_counter() - loop_start
+                ran, bad = int(ran.numpy()), int(bad.numpy())
+                if config.on_nonfinite == "stop" and bad:
+                    raise NonFiniteLoss(
+                        f"non-finite loss or gradient at step {step + ran + 1} (NaN or Inf on at least one "
+                        f"replica); nothing saved after step {saved_step}"
+                        + (f" ({checkpoint_path})" if checkpoint_path else "")
+                        + "; lower --learning_rate, check the data, or use --on_nonfinite=skip")
+                train_metrics = ratios(totals)
+                skipped_steps += bad
+                if bad:
+                    progress.message(f"skipped {bad} of steps {step + 1}-{step + num_steps}: non-finite loss "
+                                     f"or gradient, weights and optimizer left as they were "
+                                     f"({skipped_steps} skipped in this run)")
+                step += num_steps
+                if first_loop_seconds is None:
+                    first_loop_seconds = time.perf_counter() - started
+                else:  # the first loop includes tracing; leave it out of the throughput
+                    trained_examples += num_steps * config.global_batch
+                    training_seconds += seconds
+                examples_per_sec = num_steps * config.global_batch / seconds
+                writers["train"].write_scalars(step, {
+                    **train_metrics,
+                    "learning_rate": _scalar(task.optimizer.learning_rate),
+                    "steps_per_sec": num_steps / seconds,
+                    "examples_per_sec": examples_per_sec,
+                })
+                progress.update(step, train_metrics, examples_per_sec)
+                if schedule.eval_due(step):
+                    eval_metrics = evaluate(step)
+                if schedule.checkpoint_due(step):
+                    checkpoint_path = save(step) or checkpoint_path
+                    writers["train"].flush()
         if not eval_metrics:
             eval_metrics = evaluate(step)
         export_path = None
@@ -195,7 +231,7 @@ def train(config, out=None) -> RunResult:
         model_dir=config.model_dir, start_step=start_step, final_step=step, eval_metrics=eval_metrics,
         train_metrics=train_metrics, train_examples_per_sec=throughput, wall_seconds=wall,
         seconds_to_first_loop=first_loop_seconds or 0.0, export_path=export_path,
-        checkpoint_path=checkpoint_path,
+        checkpoint_path=checkpoint_path, skipped_steps=skipped_steps,
     )
     if placement.is_chief:
         _summary(result, out)
@@ -203,8 +239,6 @@ def train(config, out=None) -> RunResult:
 
 
 def _config_markdown(config, placement, seed) -> str:
-    from engine import __version__
-
     rows = [f"| engine version | {__version__} |", f"| replicas | {placement.num_replicas} |",
             f"| effective seed | {seed} |"]
     rows += [f"| {k} | {v} |" for k, v in config.as_dict().items()]
