@@ -53,7 +53,7 @@ def test_two_workers_match_one_replica_and_only_the_chief_writes(tmp_path):
     codes, outputs = _start_workers([tmp_path / "chief", tmp_path / "worker1"])
     assert codes == [0, 0], outputs
     assert "global batch 64 = 2 replicas x 32" in outputs[0]
-    assert sorted(os.listdir(tmp_path / "chief")) == ["checkpoints", "eval", "export", "train"]
+    assert sorted(os.listdir(tmp_path / "chief")) == ["checkpoints", "config.json", "eval", "export", "train"]
     assert not (tmp_path / "worker1").exists()  # the other worker wrote nothing of its own
 
     train(small_config(tmp_path / "single", export=True, model="cnn", optimizer="adam"),
