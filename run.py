@@ -9,7 +9,14 @@
   python run.py --flagfile=my.flags      flags from a file
   python run.py --help                   every flag, its meaning and units
 
-Exit codes: 0 done, 1 flag parsing error (absl), 2 bad input or setup (one line on stderr).
+Exit codes (the last line on stderr says why):
+  0  done (also when --model_dir already held the last step)
+  1  flag parsing error (absl's FATAL line), or an unexpected exception with its traceback
+  2  bad input or setup: one line `error: ...`
+  3  preempted (SIGTERM or SIGINT): the compiled loop in flight finished, a checkpoint was saved
+     (`preempted: ...` names it); rerun the same command to resume. A second signal kills at once.
+  4  non-finite loss or gradient with --on_nonfinite=stop: `error: ...` names the step; nothing
+     was saved after the last good checkpoint.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ def main(argv) -> int:
     if len(argv) > 1:
         print(f"error: unexpected arguments {argv[1:]} (flags look like --name=value)", file=sys.stderr)
         return 2
-    from engine.errors import UserError
+    from engine.errors import StopRun
 
     config = engine_flags.config_from_flags()
     if config.strategy == "multi_worker_mirrored" and config.num_workers and not os.environ.get("TF_CONFIG"):
@@ -54,8 +61,8 @@ def main(argv) -> int:
 
         train(config)
         return 0
-    except UserError as err:
-        message, exit_code = f"error: {err}", err.exit_code
+    except StopRun as err:  # UserError (2), Preempted (3), NonFiniteLoss (4)
+        message, exit_code = f"{err.prefix}: {err}", err.exit_code
     # `err` and the trainer's frames are gone now; collect them so TensorFlow's clean-up warnings
     # (e.g. "deleted with unrestored values" after a failed restore) come before the error line.
     import gc

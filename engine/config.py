@@ -32,6 +32,8 @@ class Config:
     eval_every: int = 0  # 0: at each epoch end.
     checkpoint_every: int = 0  # 0: at each epoch end.
     keep_checkpoints: int = 3
+    on_nonfinite: str = "stop"  # a NaN/Inf loss or gradient: "stop" the run, or "skip" the step.
+    allow_config_change: bool = False  # resume even if model/dataset/global_batch/task changed.
     # Output.
     model_dir: str = "runs/default"
     export: bool = True

@@ -1,10 +1,30 @@
-"""The one exception type that means "the user asked for something we cannot do"."""
+"""The exceptions that end a run on purpose: run.py prints one line and exits with their code."""
 
 
-class UserError(Exception):
+class StopRun(Exception):
+    """Ends the run without a traceback: run.py prints `<prefix>: <message>` and exits exit_code."""
+
+    exit_code = 1
+    prefix = "error"
+
+
+class UserError(StopRun):
     """A bad flag, file or setup. run.py prints its message as one line and exits 2.
 
     The message names the bad input and says what to do; no traceback is shown.
     """
 
     exit_code = 2
+
+
+class Preempted(StopRun):
+    """SIGTERM/SIGINT: the run saved a checkpoint at a loop boundary; rerun the command to resume."""
+
+    exit_code = 3
+    prefix = "preempted"
+
+
+class NonFiniteLoss(StopRun):
+    """A NaN/Inf loss or gradient with --on_nonfinite=stop; the last good checkpoint is kept."""
+
+    exit_code = 4

@@ -3,6 +3,13 @@
 Each step's metrics {name: (total, count)} are reduced across replicas with
 strategy.reduce(SUM) and summed over the steps of the loop. The step count is a tensor, so a
 loop of any length reuses one trace (no retracing between the loops of a run).
+
+A training step is bad when a reduced metric total is not finite (a NaN/Inf loss on any replica)
+or when Task.apply_gradients saw a non-finite gradient on any replica (engine/nonfinite.py). Both
+are all-reduced values, the same on every replica and worker, so every replica takes the same
+branch, and the decision stays on the device (no host sync per step): with stop, the loop ends
+before counting the bad step; with skip, the step counts (its batch is consumed) but its metrics
+do not.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import warnings
 
 import tensorflow as tf
 
+from engine import nonfinite
 from engine.errors import UserError
 
 # Iterating a distributed dataset inside tf.function makes tf.data warn about options it cannot
@@ -43,35 +51,68 @@ def _float32_outputs(step_fn, names, step_name):
     return replica_step
 
 
-def _reduce_and_add(strategy, totals, outputs):
-    """totals + SUM over replicas of outputs, per metric and per (total, count) element."""
+def _recording_finite(step_fn):
+    """step_fn(batch) -> (outputs, all-replica finite flag of its apply_gradients calls)."""
+
+    def step(batch):
+        with nonfinite.recording() as flags:
+            outputs = step_fn(batch)
+        return outputs, nonfinite.recorded_all_finite(flags)
+
+    return step
+
+
+def _reduce(strategy, outputs):
+    """SUM over replicas of outputs, per metric and per (total, count) element."""
 
     def reduce(value):
         return strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
 
-    return {
-        name: (totals[name][0] + reduce(outputs[name][0]), totals[name][1] + reduce(outputs[name][1]))
-        for name in totals
-    }
+    return {name: (reduce(total), reduce(count)) for name, (total, count) in outputs.items()}
 
 
-def make_train_loop(strategy, task, global_step: tf.Variable, jit_compile: bool = False):
-    """train_loop(iterator, num_steps) -> {name: (total, count)} summed over replicas and steps.
+def _add(totals, more):
+    return {name: (totals[name][0] + more[name][0], totals[name][1] + more[name][1]) for name in totals}
 
-    Also adds num_steps to `global_step`, so the step counter always matches the weights.
+
+def _reduce_and_add(strategy, totals, outputs):
+    """totals + SUM over replicas of outputs."""
+    return _add(totals, _reduce(strategy, outputs))
+
+
+def make_train_loop(strategy, task, global_step: tf.Variable, jit_compile: bool = False,
+                    skip_nonfinite: bool = False):
+    """train_loop(iterator, num_steps) -> (totals, steps, bad_steps).
+
+    totals: {name: (total, count)} summed over replicas and the good steps. steps: the steps run,
+    each added to `global_step` as it ends, so the counter always matches the weights. bad_steps:
+    with skip_nonfinite, how many steps were skipped; otherwise 1 when the loop stopped early at a
+    non-finite step (the step numbered global_step + 1, not counted, its update not checkpointed).
     """
     names = tuple(task.train_metrics)
-    step_fn = tf.function(task.train_step, jit_compile=True) if jit_compile else task.train_step
-    replica_step = _float32_outputs(step_fn, names, "train_step")
+    step_fn = _recording_finite(_float32_outputs(task.train_step, names, "train_step"))
+    replica_step = tf.function(step_fn, jit_compile=True) if jit_compile else step_fn
 
     @tf.function
     def train_loop(iterator, num_steps):
         totals = _zeros(names)
+        steps = tf.constant(0, tf.int32)
+        bad_steps = tf.constant(0, tf.int32)
         for _ in tf.range(num_steps):
-            outputs = strategy.run(replica_step, args=(next(iterator),))
-            totals = _reduce_and_add(strategy, totals, outputs)
-        global_step.assign_add(tf.cast(num_steps, global_step.dtype))
-        return totals
+            outputs, gradients_finite = strategy.run(replica_step, args=(next(iterator),))
+            step_totals = _reduce(strategy, outputs)
+            # Already all-reduced in the step, so any local replica's copy is everyone's value.
+            finite = tf.logical_and(strategy.experimental_local_results(gradients_finite)[0],
+                                    nonfinite.all_finite(tf.nest.flatten(step_totals)))
+            if not skip_nonfinite and not finite:
+                bad_steps = tf.constant(1, tf.int32)
+                break
+            # A skipped step's (maybe NaN) metrics stay out of the totals.
+            totals = _add(totals, tf.nest.map_structure(lambda v: tf.where(finite, v, 0.0), step_totals))
+            bad_steps += 1 - tf.cast(finite, tf.int32)
+            steps += 1
+            global_step.assign_add(1)
+        return totals, steps, bad_steps
 
     return train_loop
 

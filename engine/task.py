@@ -19,6 +19,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from engine import nonfinite
 from engine.losses import replica_loss
 from engine.models import build_model
 from engine.optimizers import build_optimizer
@@ -46,6 +47,8 @@ class Task:
         self.num_classes = num_classes
         self.model: keras.Model | None = None  # set by the engine, inside strategy.scope()
         self.optimizer: keras.optimizers.Optimizer | None = None  # idem, already built
+        # Set by the engine: steps (global batches) trained so far, a tf.Variable readable in a step.
+        self.global_step: tf.Variable | None = None
 
     @property
     def global_batch(self) -> int:
@@ -69,8 +72,20 @@ class Task:
             per_example = self.per_example_loss(labels, logits)
             loss = replica_loss(per_example, self.global_batch, self.model.losses)
         gradients = tape.gradient(loss, self.model.trainable_variables)
-        self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables))
+        self.apply_gradients(gradients)
         return classification_metrics(labels, logits, per_example)
+
+    def apply_gradients(self, gradients, variables=None):
+        """The optimizer update, guarded: use it instead of self.optimizer.apply_gradients.
+
+        Checks the gradients of every replica for NaN/Inf (one all-reduced flag), so the engine
+        can stop the run at the bad step (--on_nonfinite=stop) or skip it, leaving weights and
+        optimizer state untouched (--on_nonfinite=skip). Returns the flag (True: all finite).
+        `variables` defaults to the model's trainable variables, in the order of `gradients`.
+        """
+        variables = self.model.trainable_variables if variables is None else variables
+        return nonfinite.apply_gradients(self.optimizer, gradients, variables,
+                                         skip=self.config.on_nonfinite == "skip")
 
     def eval_step(self, batch) -> dict:
         images, labels = batch

@@ -12,13 +12,16 @@ import time
 import keras
 import tensorflow as tf
 
+from engine import __version__
 from engine import data as data_lib
+from engine import run_record
 from engine import strategy as strategy_lib
 from engine.agreement import agree
 from engine.checkpoints import Checkpointer
 from engine.cluster import parse_tf_config
-from engine.errors import UserError
+from engine.errors import NonFiniteLoss, Preempted, UserError
 from engine.loop import make_eval_loop, make_train_loop, ratios
+from engine.preemption import Watch
 from engine.progress import Progress, format_duration
 from engine.schedule import Schedule
 from engine.summaries import create_writers
@@ -38,6 +41,7 @@ class RunResult:
     seconds_to_first_loop: float
     export_path: str | None
     checkpoint_path: str | None
+    skipped_steps: int = 0  # steps skipped with --on_nonfinite=skip
 
 
 def _scalar(value) -> float:
@@ -85,8 +89,11 @@ def train(config, out=None) -> RunResult:
 
 def _train(config, out) -> RunResult:
     started = time.perf_counter()
+    config_changes = run_record.check_resume(config)  # before anything is built or written
     placement = strategy_lib.build_strategy(config.strategy, config.cpu_replicas, config.collective_timeout)
     strategy = placement.strategy
+    if placement.is_chief:
+        run_record.create_model_dir(config.model_dir)
     per_replica = strategy_lib.per_replica_batch(config.global_batch, placement.num_replicas)
     seed = config.seed if config.seed is not None else random.randrange(2**31)
     cluster = placement.cluster
@@ -124,6 +131,7 @@ def _train(config, out) -> RunResult:
         seed_variable = tf.Variable(seed, dtype=tf.int64, trainable=False, name="seed",
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     strategy_lib.check_variables_in_scope(strategy, task.optimizer.variables)
+    task.global_step = global_step
 
     checkpointer = Checkpointer(
         config.model_dir, placement.is_chief, config.keep_checkpoints,
@@ -136,6 +144,9 @@ def _train(config, out) -> RunResult:
         keras.utils.set_random_seed(seed)  # the shuffle depends on the global seed too
     _banner(config, placement, data, per_replica, schedule, seed, task.model, start_step, out)
 
+    if placement.is_chief and (start_step == 0 or config_changes):
+        run_record.write(config, {"engine_version": __version__, "replicas": placement.num_replicas,
+                                  "effective_seed": seed})
     writers = create_writers(config.model_dir, placement.is_chief)
     if start_step == 0:
         writers["train"].write_text(0, "config", _config_markdown(config, placement, seed))
@@ -143,7 +154,8 @@ def _train(config, out) -> RunResult:
     eval_data = strategy.experimental_distribute_dataset(
         data_lib.eval_dataset(data.test_images, data.test_labels, config.global_batch)
     )
-    train_loop = make_train_loop(strategy, task, global_step, jit_compile=config.jit_compile)
+    train_loop = make_train_loop(strategy, task, global_step, jit_compile=config.jit_compile,
+                                 skip_nonfinite=config.on_nonfinite == "skip")
     eval_loop = make_eval_loop(strategy, task)
     progress = Progress(schedule.total_steps, steps_per_epoch, start_step, stream=out,
                         enabled=placement.is_chief)
@@ -159,44 +171,67 @@ def _train(config, out) -> RunResult:
         return metrics
 
     def save(at_step):
+        nonlocal saved_step
         epoch.assign(schedule.epoch(at_step))
         path = checkpointer.save(at_step)
+        saved_step = at_step
         return path if placement.is_chief else None
 
-    step = start_step
+    step = saved_step = start_step
     iterator = iter(train_data)
     eval_metrics, train_metrics = {}, {}
-    trained_examples, training_seconds, first_loop_seconds = 0, 0.0, None
+    trained_examples, training_seconds, first_loop_seconds, skipped_steps = 0, 0.0, None, 0
     peers = PeerWatchdog(cluster, config.collective_timeout) if cluster else None
     try:
         if peers:
             peers.start()
-        if step >= schedule.total_steps:
-            progress.message(f"model_dir already holds step {step} of {schedule.total_steps}: nothing to train")
-        while step < schedule.total_steps:
-            num_steps = schedule.next_loop_steps(step)
-            loop_start = time.perf_counter()
-            train_metrics = ratios(train_loop(iterator, tf.constant(num_steps, dtype=tf.int32)))
-            seconds = time.perf_counter() - loop_start
-            step += num_steps
-            if first_loop_seconds is None:
-                first_loop_seconds = time.perf_counter() - started
-            else:  # the first loop includes tracing; leave it out of the throughput
-                trained_examples += num_steps * config.global_batch
-                training_seconds += seconds
-            examples_per_sec = num_steps * config.global_batch / seconds
-            writers["train"].write_scalars(step, {
-                **train_metrics,
-                "learning_rate": _scalar(task.optimizer.learning_rate),
-                "steps_per_sec": num_steps / seconds,
-                "examples_per_sec": examples_per_sec,
-            })
-            progress.update(step, train_metrics, examples_per_sec)
-            if schedule.eval_due(step):
-                eval_metrics = evaluate(step)
-            if schedule.checkpoint_due(step):
-                checkpoint_path = save(step) or checkpoint_path
-                writers["train"].flush()
+        with Watch(strategy, placement.num_workers) as watch:
+            if step >= schedule.total_steps:
+                progress.message(f"model_dir already holds step {step} of {schedule.total_steps}: nothing to train")
+            while step < schedule.total_steps:
+                if step > start_step and watch.stop_requested():  # at a loop boundary, on every worker
+                    if saved_step != step:
+                        checkpoint_path = save(step) or checkpoint_path
+                    raise Preempted(
+                        f"{watch.signal_name or 'a signal to another worker'} at step {step}: checkpoint "
+                        f"{checkpoint_path or 'saved by the chief'}; rerun the same command to resume "
+                        "(a second signal ends the run at once)")
+                num_steps = schedule.next_loop_steps(step)
+                loop_start = time.perf_counter()
+                totals, ran, bad = train_loop(iterator, tf.constant(num_steps, dtype=tf.int32))
+                seconds = time.perf_counter() - loop_start
+                ran, bad = int(ran.numpy()), int(bad.numpy())
+                if config.on_nonfinite == "stop" and bad:
+                    raise NonFiniteLoss(
+                        f"non-finite loss or gradient at step {step + ran + 1} (NaN or Inf on at least one "
+                        f"replica); nothing saved after step {saved_step}"
+                        + (f" ({checkpoint_path})" if checkpoint_path else "")
+                        + "; lower --learning_rate, check the data, or use --on_nonfinite=skip")
+                train_metrics = ratios(totals)
+                skipped_steps += bad
+                if bad:
+                    progress.message(f"skipped {bad} of steps {step + 1}-{step + num_steps}: non-finite loss "
+                                     f"or gradient, weights and optimizer left as they were "
+                                     f"({skipped_steps} skipped in this run)")
+                step += num_steps
+                if first_loop_seconds is None:
+                    first_loop_seconds = time.perf_counter() - started
+                else:  # the first loop includes tracing; leave it out of the throughput
+                    trained_examples += num_steps * config.global_batch
+                    training_seconds += seconds
+                examples_per_sec = num_steps * config.global_batch / seconds
+                writers["train"].write_scalars(step, {
+                    **train_metrics,
+                    "learning_rate": _scalar(task.optimizer.learning_rate),
+                    "steps_per_sec": num_steps / seconds,
+                    "examples_per_sec": examples_per_sec,
+                })
+                progress.update(step, train_metrics, examples_per_sec)
+                if schedule.eval_due(step):
+                    eval_metrics = evaluate(step)
+                if schedule.checkpoint_due(step):
+                    checkpoint_path = save(step) or checkpoint_path
+                    writers["train"].flush()
         if not eval_metrics:
             eval_metrics = evaluate(step)
         if peers:
@@ -220,7 +255,7 @@ def _train(config, out) -> RunResult:
         model_dir=config.model_dir, start_step=start_step, final_step=step, eval_metrics=eval_metrics,
         train_metrics=train_metrics, train_examples_per_sec=throughput, wall_seconds=wall,
         seconds_to_first_loop=first_loop_seconds or 0.0, export_path=export_path,
-        checkpoint_path=checkpoint_path,
+        checkpoint_path=checkpoint_path, skipped_steps=skipped_steps,
     )
     if placement.is_chief:
         _summary(result, out)
@@ -228,8 +263,6 @@ def _train(config, out) -> RunResult:
 
 
 def _config_markdown(config, placement, seed) -> str:
-    from engine import __version__
-
     rows = [f"| engine version | {__version__} |", f"| replicas | {placement.num_replicas} |",
             f"| effective seed | {seed} |"]
     rows += [f"| {k} | {v} |" for k, v in config.as_dict().items()]

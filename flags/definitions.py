@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import os
 
 from absl import flags as absl_flags
@@ -12,6 +13,7 @@ from engine.config import Config
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored")
 DATASETS = ("mnist", "fashion_mnist", "synthetic")
 OPTIMIZERS = ("adam", "sgd")
+NONFINITE_ACTIONS = ("stop", "skip")
 
 
 def default_model_dir(dataset: str, model: str, strategy: str) -> str:
@@ -69,7 +71,10 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
     absl_flags.DEFINE_enum("optimizer", "adam", OPTIMIZERS, "Optimizer.", **f)
     absl_flags.DEFINE_float(
         "learning_rate", None,
-        "Learning rate (per optimizer update). Default: 0.001 for adam, 0.05 for sgd.", **f)
+        "Learning rate (per optimizer update), a finite number > 0. Default: 0.001 for adam, 0.05 for sgd.", **f)
+    absl_flags.register_validator(
+        "learning_rate", lambda rate: rate is None or (math.isfinite(rate) and rate > 0),
+        message="--learning_rate must be a finite number > 0", flag_values=flag_values)
     # Schedule.
     absl_flags.DEFINE_integer(
         "global_batch", 256,
@@ -90,6 +95,10 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "checkpoint_every", 0, "Save a checkpoint every this many steps; 0: at each epoch end. "
         "Always also at the end.", lower_bound=0, **f)
     absl_flags.DEFINE_integer("keep_checkpoints", 3, "How many recent checkpoints to keep.", lower_bound=1, **f)
+    absl_flags.DEFINE_enum(
+        "on_nonfinite", "stop", NONFINITE_ACTIONS,
+        "A NaN or Inf loss or gradient (any replica): stop (end the run naming the step, exit 4, no "
+        "checkpoint of the bad weights) or skip (the step leaves weights and optimizer untouched).", **f)
     # Output.
     absl_flags.DEFINE_string(
         "model_dir", None,
@@ -97,6 +106,10 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "model (export/model.keras). A directory holding a run resumes it from its latest "
         "checkpoint. Default: runs/<dataset>-<model>-<strategy>-<YYYYmmdd-HHMMSS> (a new run).", **f)
     absl_flags.DEFINE_boolean("export", True, "Save the trained model in Keras format at the end.", **f)
+    absl_flags.DEFINE_boolean(
+        "allow_config_change", False,
+        "Resume a --model_dir even though --model, --dataset, --global_batch or --task differ from "
+        "its config.json (the checkpoint must still match the model).", **f)
     # Reproducibility and compilation.
     absl_flags.DEFINE_integer(
         "seed", None, "Seed for weights and data order; default: random (printed, so it can be reused).", **f)
@@ -119,6 +132,7 @@ def config_from_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> 
         optimizer=v.optimizer, learning_rate=v.learning_rate, global_batch=v.global_batch,
         epochs=v.epochs, train_steps=v.train_steps, steps_per_loop=v.steps_per_loop,
         eval_every=v.eval_every, checkpoint_every=v.checkpoint_every,
-        keep_checkpoints=v.keep_checkpoints, model_dir=model_dir, export=v.export, seed=v.seed,
+        keep_checkpoints=v.keep_checkpoints, on_nonfinite=v.on_nonfinite,
+        allow_config_change=v.allow_config_change, model_dir=model_dir, export=v.export, seed=v.seed,
         deterministic=v.deterministic, jit_compile=v.jit_compile,
     )

@@ -56,3 +56,33 @@ class FailOnWorkerOneTask(Task):
         if json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index") == 1:
             raise UserError("FailOnWorkerOneTask: worker 1 fails on purpose")
         super().__init__(config, **kwargs)
+
+
+def _nan_on_last_replica_at(task, step):
+    """NaN on the last replica while global_step == step (the update to step + 1), else 1.0."""
+    context = tf.distribute.get_replica_context()
+    last = tf.equal(context.replica_id_in_sync_group, context.num_replicas_in_sync - 1)
+    bad = tf.logical_and(last, tf.equal(task.global_step, step))
+    return tf.where(bad, float("nan"), 1.0)
+
+
+class NanGradientTask(Task):
+    """The last replica's gradients are NaN at one step; its loss stays finite."""
+
+    nan_at_step = 5
+
+    def apply_gradients(self, gradients, variables=None):
+        poison = _nan_on_last_replica_at(self, self.nan_at_step)
+        return super().apply_gradients([g * poison for g in gradients], variables)
+
+
+class NanLossTask(Task):
+    """The last replica's per-example losses (so its loss metric and gradients) are NaN at one step.
+
+    Eval steps see the poison too when an evaluation falls on that step: schedule around it.
+    """
+
+    nan_at_step = 5
+
+    def per_example_loss(self, labels, outputs):
+        return super().per_example_loss(labels, outputs) * _nan_on_last_replica_at(self, self.nan_at_step)

@@ -61,12 +61,13 @@ def tiny_arrays(n, seed):
 
 
 def write_idx_dir(directory, n_train=256, n_test=70, *, train_images=None, train_labels=None,
-                  images_magic=None, images_truncate_to=None):
+                  test_labels=None, images_magic=None, images_truncate_to=None):
     os.makedirs(directory, exist_ok=True)
     x_train, y_train = tiny_arrays(n_train, 1)
     x_test, y_test = tiny_arrays(n_test, 2)
     x_train = x_train if train_images is None else train_images
     y_train = y_train if train_labels is None else train_labels
+    y_test = y_test if test_labels is None else test_labels
     write_idx(os.path.join(directory, "train-images-idx3-ubyte.gz"), x_train,
               magic=images_magic, truncate_to=images_truncate_to)
     write_idx(os.path.join(directory, "train-labels-idx1-ubyte.gz"), y_train)
@@ -160,6 +161,26 @@ def _empty_dir(tmp):
 _LABELS_12 = (np.arange(256) % 10).astype(np.uint8)
 _LABELS_12[5] = 12
 
+
+def _model_dir_is_a_file(tmp):
+    (tmp / "a_file").write_text("not a directory\n")
+    return [f"--model_dir={tmp / 'a_file'}"]
+
+
+def _empty_npz(tmp):
+    (tmp / "npz").mkdir()
+    np.savez(tmp / "npz" / "mnist.npz")
+    return ["--dataset=mnist", f"--data_dir={tmp / 'npz'}"]
+
+
+def _npz_wrong_image_rank(tmp):
+    (tmp / "npz").mkdir()
+    x_train, y_train = tiny_arrays(256, 1)
+    x_test, y_test = tiny_arrays(70, 2)
+    np.savez(tmp / "npz" / "mnist.npz", x_train=x_train.reshape(256, 784), y_train=y_train,
+             x_test=x_test, y_test=y_test)
+    return ["--dataset=mnist", f"--data_dir={tmp / 'npz'}"]
+
 # args (a list, or a function of tmp_path giving one), exit code, keywords in the last line
 BAD_INPUTS = [
     pytest.param(["--strategy=nope"], 1, ["strategy"], id="unknown_strategy"),
@@ -189,15 +210,43 @@ BAD_INPUTS = [
                  id="batch_larger_than_train_set"),
     pytest.param(["--strategy=multi_worker_mirrored"], 2, ["TF_CONFIG"],
                  id="multi_worker_without_tf_config"),
+    pytest.param(["--train_steps=-1"], 1, ["train_steps"], id="train_steps_negative"),
+    pytest.param(["--steps_per_loop=0"], 1, ["steps_per_loop"], id="steps_per_loop_zero"),
+    pytest.param(["--epochs=0"], 1, ["epochs"], id="epochs_zero"),
+    pytest.param(["--learning_rate=-0.1"], 1, ["learning_rate"], id="learning_rate_negative"),
+    pytest.param(["--learning_rate=nan"], 1, ["learning_rate"], id="learning_rate_nan"),
+    pytest.param(["--global_batch=abc"], 1, ["global_batch"], id="global_batch_not_a_number"),
+    pytest.param(["--on_nonfinite=ignore"], 1, ["on_nonfinite"], id="on_nonfinite_unknown"),
+    pytest.param(_model_dir_is_a_file, 2, ["a_file", "not a directory"], id="model_dir_is_a_file"),
+    pytest.param(["--model_dir=/proc/ctl_engine_run"], 2, ["/proc/ctl_engine_run", "cannot create"],
+                 id="model_dir_read_only"),
+    pytest.param(_idx(test_labels=np.zeros((70, 1, 1), dtype=np.uint8)), 2, ["t10k-labels", "3 dimensions"],
+                 id="idx_labels_3_dims"),
+    pytest.param(_empty_npz, 2, ["mnist.npz", "missing arrays"], id="empty_npz"),
+    pytest.param(_npz_wrong_image_rank, 2, ["mnist.npz", "(256, 784)"], id="npz_images_not_2d"),
 ]
+
+
+def _files_under(directory) -> dict:
+    """{relative path: bytes} of every file below `directory`."""
+    found = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, directory)] = f.read()
+    return found
 
 
 @pytest.mark.parametrize("args, exit_code, keywords", BAD_INPUTS)
 def test_bad_input_fails_with_one_clear_line(tmp_path, args, exit_code, keywords):
     args = args(tmp_path) if callable(args) else args
+    before = _files_under(tmp_path)  # what the case wrote (data files, a file as model_dir): kept as is
     # Defaults: a tiny synthetic run; the case's own flags come last and win.
     base = [*TINY, "--train_steps=4", f"--model_dir={tmp_path / 'run'}"]
     proc = run_cli(*base, *args, timeout=120)
+    after = _files_under(tmp_path)
+    assert {k: v for k, v in after.items() if k in before} == before, "a file of the case was changed"
     assert proc.returncode == exit_code, explain(proc)
     assert "Traceback" not in proc.stderr, explain(proc)
     if exit_code == 1:  # absl's flag error: "FATAL Flags parsing error: flag --x=...: why"
@@ -252,21 +301,32 @@ def test_help_exits_zero(help_run):
 # 6. A checkpoint that cannot be restored stops the run (no silent fresh start or partial restore).
 
 def _resume_cases(trained_dir, base):
-    """{case: (model_dir, CompletedProcess)} for each checkpoint that must not restore."""
+    """{case: (model_dir, CompletedProcess, files before)} for each resume that must not start."""
     cases = {}
+
+    def resume(case, model_dir, *extra):
+        before = _files_under(os.path.join(model_dir, "checkpoints"))
+        cases[case] = (model_dir, tiny_run(model_dir, *extra, train_steps=6), before)
+
     # Garbage in the .index file.
     model_dir = copy_run(trained_dir, base / "corrupt")
     with open(os.path.join(model_dir, "checkpoints", "ckpt-4.index"), "wb") as f:
         f.write(b"this is not a checkpoint index" * 10)
-    cases["corrupt_index"] = (model_dir, tiny_run(model_dir, train_steps=6))
-    # An mlp checkpoint resumed as a cnn.
-    model_dir = copy_run(trained_dir, base / "mlp_to_cnn")
-    cases["mlp_to_cnn"] = (model_dir, tiny_run(model_dir, "--model=cnn", train_steps=6))
-    # A cnn checkpoint resumed as an mlp.
+    resume("corrupt_index", model_dir)
+    # An mlp checkpoint resumed as a cnn, the config change allowed: the checkpoint still refuses.
+    resume("mlp_to_cnn", copy_run(trained_dir, base / "mlp_to_cnn"), "--model=cnn", "--allow_config_change")
+    # A cnn checkpoint resumed as an mlp, idem.
     model_dir = str(base / "cnn_to_mlp" / "run")
     first = tiny_run(model_dir, "--model=cnn", train_steps=2)
     assert first.returncode == 0, explain(first)
-    cases["cnn_to_mlp"] = (model_dir, tiny_run(model_dir, "--model=mlp", train_steps=6))
+    resume("cnn_to_mlp", model_dir, "--model=mlp", "--allow_config_change")
+    # config.json: another model or global batch without --allow_config_change; a corrupt record.
+    resume("config_change_model", copy_run(trained_dir, base / "change_model"), "--model=cnn")
+    resume("config_change_global_batch", copy_run(trained_dir, base / "change_batch"), "--global_batch=32")
+    model_dir = copy_run(trained_dir, base / "corrupt_config")
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        f.write("{not json")
+    resume("corrupt_config_json", model_dir)
     return cases
 
 
@@ -275,22 +335,26 @@ def bad_resumes(trained_dir, tmp_path_factory):
     return _resume_cases(trained_dir, tmp_path_factory.mktemp("bad_resume"))
 
 
-RESUME_CASES = ["corrupt_index", "mlp_to_cnn", "cnn_to_mlp"]
+# case -> keywords of its error line
+RESUME_CASES = {
+    "corrupt_index": ["checkpoint", "ckpt-4"],
+    "mlp_to_cnn": ["checkpoint", "does not match"],
+    "cnn_to_mlp": ["checkpoint", "does not match"],
+    "config_change_model": ["--model='mlp' -> 'cnn'", "config.json", "--allow_config_change"],
+    "config_change_global_batch": ["--global_batch=64 -> 32", "config.json", "--allow_config_change"],
+    "corrupt_config_json": ["config.json", "cannot read"],
+}
 
 
 @pytest.mark.parametrize("case", RESUME_CASES)
-def test_unrestorable_checkpoint_stops_the_run(bad_resumes, case):
-    model_dir, proc = bad_resumes[case]
+def test_unresumable_run_stops_and_changes_nothing(bad_resumes, case):
+    model_dir, proc, before = bad_resumes[case]
     assert proc.returncode == 2, explain(proc)
     assert "Traceback" not in proc.stderr, explain(proc)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "checkpoint" in errors[0], explain(proc)
+    assert len(errors) == 1, explain(proc)
+    assert errors[0] == last_line(proc.stderr), "the error is not the last line:\n" + explain(proc)
+    for keyword in RESUME_CASES[case]:
+        assert keyword in errors[0], explain(proc)
     assert not any(l.startswith("done") for l in proc.stdout.splitlines()), explain(proc)
-    assert not os.path.exists(os.path.join(model_dir, "checkpoints", "ckpt-6.index")), "trained anyway"
-
-
-@pytest.mark.parametrize("case", RESUME_CASES)
-def test_unrestorable_checkpoint_error_is_the_last_line(bad_resumes, case):
-    _, proc = bad_resumes[case]
-    line = last_line(proc.stderr)
-    assert line.startswith("error: ") and "checkpoint" in line, explain(proc)
+    assert _files_under(os.path.join(model_dir, "checkpoints")) == before, "checkpoints changed"

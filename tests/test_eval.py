@@ -68,7 +68,8 @@ def test_train_loop_traces_once_for_any_loop_length():
     iterator = iter(strategy.experimental_distribute_dataset(train_dataset(images, labels, 64, seed=1)))
     loop = make_train_loop(strategy, task, step)
     for num_steps in (1, 3, 2, 5):
-        totals = loop(iterator, tf.constant(num_steps))
+        totals, steps, bad_steps = loop(iterator, tf.constant(num_steps))
+        assert int(steps) == num_steps and int(bad_steps) == 0
         assert float(totals["loss"][1]) == num_steps * 64
     assert loop.experimental_get_tracing_count() == 1
     assert int(step.numpy()) == 11

@@ -76,7 +76,7 @@ def test_only_the_chief_writes(tmp_path):
     codes, outputs = _finish(_start([[*ARGS, f"--model_dir={tmp_path / 'chief'}"],
                                      [*ARGS, f"--model_dir={tmp_path / 'worker1'}"]]))
     assert codes == [0, 0], outputs
-    assert sorted(os.listdir(tmp_path / "chief")) == ["checkpoints", "eval", "export", "train"]
+    assert sorted(os.listdir(tmp_path / "chief")) == ["checkpoints", "config.json", "eval", "export", "train"]
     assert not (tmp_path / "worker1").exists()
 
 

@@ -1,0 +1,92 @@
+"""The run's configuration is part of the run: `model_dir/config.json`.
+
+A fresh run (no checkpoint yet) records its flags there (chief only). A resumed run compares the
+flags that decide what the checkpoint and the data mean (RECORDED_IDENTITY) with the record and
+stops with a UserError naming each difference, unless --allow_config_change. Other flags
+(train_steps, steps_per_loop, ...) may change between a run and its resumption. Keys the record
+has and this engine does not know are ignored, so older or newer records still load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import tensorflow as tf
+
+from engine.errors import UserError
+
+FILE_NAME = "config.json"
+# Resuming with a different value of one of these is an error (--allow_config_change overrides).
+RECORDED_IDENTITY = ("model", "dataset", "global_batch", "task")
+
+
+def path(model_dir: str) -> str:
+    return os.path.join(model_dir, FILE_NAME)
+
+
+def _check_is_dir(model_dir: str) -> None:
+    if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+        raise UserError(f"--model_dir={model_dir} exists and is not a directory; choose another --model_dir")
+
+
+def create_model_dir(model_dir: str) -> None:
+    """Creates --model_dir (chief only); one that cannot be created is a UserError."""
+    _check_is_dir(model_dir)
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"cannot create --model_dir={model_dir} ({err.strerror}); choose a writable path") from None
+
+
+def read(model_dir: str) -> dict | None:
+    """The recorded flags, or None when the run has no record (a fresh run, or an older engine's)."""
+    try:
+        with open(path(model_dir)) as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot read {path(model_dir)} ({err}); fix or delete it to resume") from None
+    if not isinstance(record, dict) or not isinstance(record.get("flags"), dict):
+        raise UserError(f"{path(model_dir)} holds no 'flags' object; fix or delete it to resume")
+    return record["flags"]
+
+
+def differences(recorded: dict, config) -> list[tuple[str, object, object]]:
+    """[(flag, recorded value, this run's value)] for the RECORDED_IDENTITY flags that differ."""
+    current = config.as_dict()
+    return [(name, recorded[name], current[name]) for name in RECORDED_IDENTITY
+            if name in recorded and recorded[name] != current[name]]
+
+
+def check_resume(config) -> list:
+    """Stops a resumed run whose identity flags differ from the record (unless allowed).
+
+    Returns the allowed differences (empty for a fresh run or an unchanged one).
+    """
+    _check_is_dir(config.model_dir)
+    if tf.train.latest_checkpoint(os.path.join(config.model_dir, "checkpoints")) is None:
+        return []  # nothing to resume: a fresh run, whatever an earlier failed start recorded
+    recorded = read(config.model_dir)
+    changed = differences(recorded, config) if recorded is not None else []
+    if changed and not config.allow_config_change:
+        shown = ", ".join(f"--{name}={old!r} -> {new!r}" for name, old, new in changed)
+        raise UserError(
+            f"--model_dir={config.model_dir} holds a run with different flags ({shown}, recorded in "
+            f"{path(config.model_dir)}); resume with that run's flags, use a new --model_dir, or pass "
+            "--allow_config_change to change them on purpose"
+        )
+    return changed
+
+
+def write(config, extra: dict) -> str:
+    """Writes model_dir/config.json (atomically): this run's flags plus `extra` facts."""
+    target = path(config.model_dir)
+    record = {"flags": config.as_dict(), **extra}
+    temporary = target + ".tmp"
+    with open(temporary, "w") as f:
+        json.dump(record, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(temporary, target)
+    return target

@@ -1,0 +1,68 @@
+"""Non-finite losses and gradients: --on_nonfinite=stop ends the run at the bad step without
+saving it; --on_nonfinite=skip leaves weights and optimizer state as if the step never happened.
+The NaN is injected on the LAST replica only, so the decision must come from an all-reduced flag."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import TEST_TASKS, run_cli, small_config
+from engine.errors import NonFiniteLoss
+from engine.trainer import train
+from test_resume import checkpoint_state
+
+TWO_REPLICAS = dict(strategy="mirrored", cpu_replicas=2)
+NAN_AT = 5  # tests/tasks.py: the update from global step 5 to 6 (the 6th step) is poisoned
+
+
+def _latest_step(model_dir):
+    return int(checkpoint_state(model_dir)["global_step/.ATTRIBUTES/VARIABLE_VALUE"])
+
+
+@pytest.mark.parametrize("task", ["NanGradientTask", "NanLossTask"])
+def test_stop_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, task):
+    config = small_config(tmp_path, task=f"{TEST_TASKS}:{task}", train_steps=12, steps_per_loop=3,
+                          checkpoint_every=3, **TWO_REPLICAS)
+    with pytest.raises(NonFiniteLoss, match=f"step {NAN_AT + 1} .*nothing saved after step 3"):
+        train(config, out=open(os.devnull, "w"))
+    assert _latest_step(tmp_path) == 3  # the loop of steps 4-6 was never saved
+    state = checkpoint_state(tmp_path)
+    assert all(np.all(np.isfinite(value)) for value in state.values())
+    # The last good checkpoint loads: the same run with a clean task resumes from it.
+    resumed = train(config.replace(task="classification", allow_config_change=True, train_steps=6),
+                    out=open(os.devnull, "w"))
+    assert resumed.start_step == 3 and resumed.final_step == 6
+
+
+@pytest.mark.parametrize("task, strategy", [("NanGradientTask", TWO_REPLICAS),
+                                            ("NanLossTask", dict(strategy="default", deterministic=True))])
+def test_skip_leaves_weights_and_optimizer_untouched(tmp_path, task, strategy):
+    quiet = open(os.devnull, "w")
+    # The poisoned step is the last one, so skipping it must leave the state of a clean 5-step run.
+    skipped = train(small_config(tmp_path / "skip", task=f"{TEST_TASKS}:{task}", on_nonfinite="skip",
+                                 train_steps=NAN_AT + 1, **strategy), out=quiet)
+    assert skipped.skipped_steps == 1 and skipped.final_step == NAN_AT + 1
+    assert np.isfinite(skipped.eval_metrics["loss"]) and np.isfinite(skipped.train_metrics["loss"])
+    train(small_config(tmp_path / "clean", train_steps=NAN_AT, **strategy), out=quiet)
+    after_skip, clean = checkpoint_state(tmp_path / "skip"), checkpoint_state(tmp_path / "clean")
+    assert int(after_skip.pop("global_step/.ATTRIBUTES/VARIABLE_VALUE")) == NAN_AT + 1  # the batch was consumed
+    clean.pop("global_step/.ATTRIBUTES/VARIABLE_VALUE")
+    assert sorted(after_skip) == sorted(clean)
+    for name in clean:  # weights, Adam moments and iterations
+        assert np.array_equal(after_skip[name], clean[name]), name
+
+
+def test_cli_stop_exits_4_with_the_step(tmp_path):
+    proc = run_cli("--dataset=synthetic", "--synthetic_train_examples=512", "--synthetic_test_examples=100",
+                   "--global_batch=64", "--steps_per_loop=2", "--seed=1", "--model=mlp", "--train_steps=8",
+                   "--checkpoint_every=2", f"--task={TEST_TASKS}:NanLossTask", f"--model_dir={tmp_path}",
+                   timeout=120)
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    last = [line for line in proc.stderr.splitlines() if line.strip()][-1]
+    assert last.startswith("error: non-finite loss or gradient at step 6"), proc.stderr[-2000:]
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-4")

@@ -1,0 +1,35 @@
+"""model_dir/config.json: written by a fresh run, compared on resume, unknown keys ignored."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import small_config
+from engine.errors import UserError
+from engine.trainer import train
+
+
+def test_config_json_records_the_run_and_guards_its_identity(tmp_path):
+    quiet = open(os.devnull, "w")
+    config = small_config(tmp_path, model="mlp", train_steps=2, steps_per_loop=2)
+    train(config, out=quiet)
+    path = tmp_path / "config.json"
+    record = json.loads(path.read_text())
+    assert record["flags"]["model"] == "mlp" and record["flags"]["global_batch"] == 64
+    assert record["effective_seed"] == 7 and record["replicas"] == 1
+
+    record["flags"]["a_flag_from_the_future"] = 1  # unknown keys are ignored
+    record["something_else"] = {"x": 1}
+    path.write_text(json.dumps(record))
+    assert train(config.replace(train_steps=4), out=quiet).start_step == 2  # other flags may change
+
+    with pytest.raises(UserError, match=r"--global_batch=64 -> 32.*--task='classification' -> "):
+        train(config.replace(global_batch=32, task="engine.task:Task", train_steps=6), out=quiet)
+    assert json.loads(path.read_text())["flags"]["global_batch"] == 64  # the refused run wrote nothing
+
+    allowed = train(config.replace(global_batch=32, allow_config_change=True, train_steps=6), out=quiet)
+    assert allowed.start_step == 4 and allowed.final_step == 6
+    assert json.loads(path.read_text())["flags"]["global_batch"] == 32  # the record follows the run
