@@ -1,7 +1,7 @@
 """Datasets: where the arrays come from, and the tf.data pipelines that feed the replicas.
 
-Training:   shuffle (seeded, reshuffled each epoch) -> batch(GLOBAL batch, drop remainder)
-            -> repeat -> skip(batches already trained, on resume) -> normalise -> prefetch
+Training:   shuffle (seeded, a new permutation each epoch) -> batch(GLOBAL batch, drop remainder)
+            -> repeat -> skip(batches already trained, on resume) -> gather + normalise -> prefetch
 Evaluation: batch(GLOBAL batch, partial last batch kept) -> normalise -> prefetch
 Both are split across replicas (and workers) by `strategy.experimental_distribute_dataset`.
 """
@@ -184,18 +184,35 @@ def _with_options(dataset: tf.data.Dataset, deterministic: bool = True) -> tf.da
     return dataset.with_options(options)
 
 
-def _global_batches(images, labels, global_batch: int, seed: int | None, skip_batches: int):
-    """Raw (uint8) GLOBAL batches: shuffled, batched, repeated, already-trained batches skipped."""
-    dataset = tf.data.Dataset.from_tensor_slices((images, labels))
-    dataset = dataset.shuffle(len(images), seed=seed, reshuffle_each_iteration=True)
-    dataset = dataset.batch(global_batch, drop_remainder=True).repeat()
+def _index_batches(num_examples: int, global_batch: int, seed: int | None, skip_batches: int):
+    """Endless GLOBAL batches of example indices: epoch e is a fresh permutation drawn from
+    (seed, e) without state, cut into full batches (the remainder is dropped); batches already
+    trained are skipped (cheap: nothing is gathered for them)."""
+    steps = num_examples // global_batch
+    seed = 0 if seed is None else seed
+
+    def epoch(e):
+        order = tf.random.experimental.stateless_shuffle(
+            tf.range(num_examples, dtype=tf.int32), seed=tf.stack([tf.constant(seed, tf.int64), e]))
+        return tf.data.Dataset.from_tensor_slices(tf.reshape(order[: steps * global_batch], [steps, global_batch]))
+
+    dataset = tf.data.Dataset.range(2**62).flat_map(epoch)
     return dataset.skip(skip_batches) if skip_batches else dataset
 
 
+def _gather_normalised(images, labels):
+    """indices -> (float images in [0, 1] with a channel axis, int32 labels), one gather per batch."""
+    images, labels = tf.constant(images), tf.constant(labels)
+    return lambda indices: _normalise(tf.gather(images, indices), tf.gather(labels, indices))
+
+
 def train_dataset(images, labels, global_batch: int, seed: int | None, skip_batches: int = 0):
-    """The endless training stream of GLOBAL batches; epoch k is the k-th reshuffle."""
-    dataset = _global_batches(images, labels, global_batch, seed, skip_batches)
-    dataset = dataset.map(_normalise, num_parallel_calls=tf.data.AUTOTUNE)
+    """The endless training stream of GLOBAL batches; epoch k is the k-th reshuffle.
+
+    The shuffle permutes indices and each batch is one gather: per-example tf.data work would
+    cost about as much CPU as the training step of this small CNN."""
+    dataset = _index_batches(len(images), global_batch, seed, skip_batches)
+    dataset = dataset.map(_gather_normalised(images, labels), num_parallel_calls=tf.data.AUTOTUNE)
     return _with_options(dataset.prefetch(tf.data.AUTOTUNE))
 
 
@@ -210,16 +227,13 @@ def per_worker_train_dataset_fn(images, labels, global_batch: int, seed: int | N
         local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
         start = context.input_pipeline_id * local_replicas * per_replica
 
-        def this_workers_batches(batch_images, batch_labels):
-            mine = slice(start, start + local_replicas * per_replica)
-            return tf.data.Dataset.from_tensor_slices((
-                tf.reshape(batch_images[mine], [local_replicas, per_replica, *images.shape[1:]]),
-                tf.reshape(batch_labels[mine], [local_replicas, per_replica]),
-            ))
+        def this_workers_batches(indices):
+            mine = indices[start:start + local_replicas * per_replica]
+            return tf.data.Dataset.from_tensor_slices(tf.reshape(mine, [local_replicas, per_replica]))
 
-        dataset = _global_batches(images, labels, global_batch, seed, skip_batches)
+        dataset = _index_batches(len(images), global_batch, seed, skip_batches)
         dataset = dataset.flat_map(this_workers_batches)
-        dataset = dataset.map(_normalise, num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = dataset.map(_gather_normalised(images, labels), num_parallel_calls=tf.data.AUTOTUNE)
         return dataset.prefetch(tf.data.AUTOTUNE)
 
     return dataset_fn

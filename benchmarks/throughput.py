@@ -1,0 +1,177 @@
+"""Throughput benchmark: the engine against Keras `model.fit`, the matmul peak, a sweep of
+`--steps_per_loop` and replica counts, and the time to the first finished loop.
+
+    python -m benchmarks.throughput            # about 5 minutes on 2 CPU cores
+    python -m benchmarks.throughput --quick    # fewer steps and repeats (a smoke run)
+
+Everything is measured in ONE process run, on the same model (the seed CNN), the same in-memory
+data (synthetic, MNIST-shaped, 60,000 examples) and the same global batch (256), and printed as
+ratios of numbers measured here and now. Engine and fit alternate over several timed repeats
+after a warm-up; medians are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import tensorflow as tf  # noqa: E402
+
+from engine.strategy import configure_cpu_replicas  # noqa: E402
+
+configure_cpu_replicas(2)  # before TensorFlow starts: the sweep compares 1 and 2 replicas
+
+import keras  # noqa: E402
+
+from engine import data as data_lib  # noqa: E402
+from engine.config import Config  # noqa: E402
+from engine.models import build_model  # noqa: E402
+from engine.trainer import train  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GLOBAL_BATCH = 256
+
+
+def engine_examples_per_sec(steps_per_loop: int, loops: int, strategy="default", cpu_replicas=1) -> float:
+    """Median-free single measurement: the trainer's own throughput, first (tracing) loop excluded."""
+    config = Config(
+        strategy=strategy, cpu_replicas=cpu_replicas, dataset="synthetic", model="cnn",
+        global_batch=GLOBAL_BATCH, steps_per_loop=steps_per_loop, train_steps=steps_per_loop * (loops + 1),
+        eval_every=10**9, checkpoint_every=10**9, seed=1, export=False,
+        model_dir=tempfile.mkdtemp(prefix="bench_engine_"),
+    )
+    return train(config, out=open(os.devnull, "w")).train_examples_per_sec
+
+
+class _EpochTimer(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        self.start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seconds.append(time.perf_counter() - self.start)
+
+
+def fit_examples_per_sec(steps_per_execution: int, steps: int, epochs: int) -> float:
+    """Keras model.fit on the same model, data pipeline and batch; the first epoch is warm-up."""
+    data = data_lib.load(Config(dataset="synthetic"))
+    dataset = data_lib.train_dataset(data.train_images, data.train_labels, GLOBAL_BATCH, seed=1)
+    model = build_model("cnn", data.image_shape, data.num_classes)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], steps_per_execution=steps_per_execution)
+    timer = _EpochTimer()
+    timer.seconds = []
+    model.fit(dataset, epochs=epochs + 1, steps_per_epoch=steps, verbose=0, callbacks=[timer])
+    return steps * GLOBAL_BATCH / statistics.median(timer.seconds[1:])
+
+
+def matmul_peak_flops(n: int = 2048, repeats: int = 20) -> float:
+    """float32 FLOP/s of large square matmuls (2 n^3 FLOPs each), best of 3 timings."""
+    a = tf.random.normal([n, n])
+    b = tf.random.normal([n, n])
+
+    @tf.function
+    def run():
+        c = a
+        for _ in range(repeats):
+            c = tf.matmul(c, b) * 1e-3
+        return tf.reduce_sum(c)
+
+    run().numpy()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        run().numpy()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 * repeats / best
+
+
+def training_flops_per_example(model) -> float:
+    """Forward FLOPs (2 per multiply-add) of Conv2D and Dense layers, times 3 for training
+    (the backward pass costs about twice the forward: gradients for inputs and for weights)."""
+    forward = 0
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.Conv2D):
+            _, h, w, c_out = layer.output.shape
+            kh, kw = layer.kernel_size
+            forward += 2 * h * w * kh * kw * layer.input.shape[-1] * c_out
+        elif isinstance(layer, keras.layers.Dense):
+            forward += 2 * layer.input.shape[-1] * layer.units
+    return 3.0 * forward
+
+
+def seconds_to_first_loop() -> float:
+    """Process start to the first progress line of a fresh `python run.py` (imports included)."""
+    with tempfile.TemporaryDirectory() as model_dir:
+        start = time.perf_counter()
+        process = subprocess.Popen(
+            [sys.executable, os.path.join(REPO, "run.py"), "--dataset=synthetic", "--train_steps=10",
+             "--steps_per_loop=10", f"--model_dir={model_dir}", "--seed=1", "--noexport"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
+        )
+        elapsed = None
+        for line in process.stdout:
+            if elapsed is None and re.match(r"epoch +[0-9.]+ +step", line):
+                elapsed = time.perf_counter() - start
+        process.wait(timeout=120)
+        return elapsed if elapsed is not None else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps and repeats")
+    args = parser.parse_args()
+    loops, repeats, fit_steps = (2, 1, 100) if args.quick else (3, 3, 300)
+
+    print(f"machine: {os.cpu_count()} CPU cores, TensorFlow {tf.__version__}, Keras {keras.__version__}")
+    print(f"workload: seed CNN, synthetic 60,000 x 28x28 in memory, global batch {GLOBAL_BATCH}\n")
+
+    print("1. engine vs model.fit (1 replica, default strategy)")
+    fit_best = {}
+    for spe in (1, 10, 100):
+        fit_best[spe] = fit_examples_per_sec(spe, fit_steps, epochs=2 if args.quick else 3)
+        print(f"   fit steps_per_execution={spe:<4} {fit_best[spe]:>9,.0f} ex/s")
+    best_spe = max(fit_best, key=fit_best.get)
+    engine_runs, fit_runs = [], []
+    for _ in range(repeats):  # alternate, so drifts in machine load hit both alike
+        engine_runs.append(engine_examples_per_sec(100, loops))
+        fit_runs.append(fit_examples_per_sec(best_spe, fit_steps, epochs=2))
+    engine_median, fit_median = statistics.median(engine_runs), statistics.median(fit_runs)
+    print(f"   engine steps_per_loop=100 {engine_median:>9,.0f} ex/s (median of {repeats})")
+    print(f"   fit steps_per_execution={best_spe} {fit_median:>9,.0f} ex/s (median of {repeats})")
+    print(f"   ratio engine / fit = {engine_median / fit_median:.2f} (target >= 1.5)\n")
+
+    print("2. achieved FLOP/s against the float32 matmul peak")
+    peak = matmul_peak_flops()
+    per_example = training_flops_per_example(build_model("cnn", (28, 28, 1), 10))
+    achieved = engine_median * per_example
+    print(f"   matmul peak {peak / 1e9:,.1f} GFLOP/s; CNN training {per_example / 1e6:.2f} MFLOP/example")
+    print(f"   engine {achieved / 1e9:,.1f} GFLOP/s = {achieved / peak:.1%} of peak (target >= 50%)\n")
+
+    print("3. steps_per_loop x replicas (examples/s)")
+    table = {}
+    for replicas in (1, 2):
+        for spl in (1, 10, 100):
+            table[spl, replicas] = engine_examples_per_sec(
+                spl, loops if spl == 100 else max(loops, 300 // spl // (1 if spl == 10 else 100) or 1),
+                strategy="mirrored", cpu_replicas=replicas)
+    print("   steps_per_loop   1 replica   2 replicas")
+    for spl in (1, 10, 100):
+        print(f"   {spl:>14} {table[spl, 1]:>11,.0f} {table[spl, 2]:>12,.0f}")
+    print(f"   ratio steps_per_loop 100 / 1 (1 replica) = {table[100, 1] / table[1, 1]:.2f} (target >= 1.2)\n")
+
+    print("4. time to first step")
+    first = seconds_to_first_loop()
+    print(f"   process start to the first finished loop: {first:.1f} s (target < 15 s)")
+
+
+if __name__ == "__main__":
+    main()
