@@ -2,8 +2,9 @@
 TF_CONFIG starts N workers on 127.0.0.1 (like torchrun's standalone mode).
 
 Each worker gets free ports and its own consistent TF_CONFIG; output lines are prefixed with
-"[worker i]"; the first worker to fail stops the others; Ctrl-C stops all; the exit code is the
-first non-zero one. No TensorFlow is imported here.
+"[worker i]"; the first worker to fail stops the others; Ctrl-C or SIGTERM is passed on to every
+worker (they save a checkpoint and exit 3, see engine/preemption.py); the exit code is the first
+non-zero one. No TensorFlow is imported here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import sys
 import threading
 import time
 
-GRACE_SECONDS = 10.0
+GRACE_SECONDS = 10.0  # for the other workers, after one failed
+PREEMPTION_GRACE_SECONDS = 120.0  # after Ctrl-C/SIGTERM: time to finish the loop and save
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list:
@@ -54,11 +56,11 @@ def _raise_terminated(signum, frame):
     raise _Terminated()
 
 
-def _stop(processes, sig=signal.SIGTERM) -> None:
+def _stop(processes, sig=signal.SIGTERM, grace: float = GRACE_SECONDS) -> None:
     for process in processes:
         if process.poll() is None:
             process.send_signal(sig)
-    deadline = time.monotonic() + GRACE_SECONDS
+    deadline = time.monotonic() + grace
     for process in processes:
         try:
             process.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -100,8 +102,8 @@ def launch(num_workers: int, args: list, script: str, out=None) -> int:
         sig = signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT
         with lock:
             out.write(f"launcher: {signal.Signals(sig).name}; stopping all workers\n")
-        _stop(processes, sig)
-        exit_code = 128 + sig
+        _stop(processes, sig, grace=PREEMPTION_GRACE_SECONDS)  # workers save a checkpoint, exit 3
+        exit_code = next((p.returncode for p in processes if p.returncode), 128 + sig)
     finally:
         signal.signal(signal.SIGTERM, previous)
     for relay in relays:

@@ -103,3 +103,43 @@ def test_sigterm_on_run_py_exits_3_and_the_rerun_ends_like_an_uninterrupted_run(
     assert "steps 0 -> 2000" in straight_out, straight_err[-3000:]
     resumed, straight = exported_weights(model_dir), exported_weights(tmp_path / "straight")
     assert all(np.array_equal(a, b) for a, b in zip(resumed, straight))  # bitwise: one replica, deterministic
+
+
+def test_sigterm_to_the_launcher_stops_every_worker_at_one_step_and_resumes(tmp_path):
+    """The launcher forwards SIGTERM; both workers agree (all-reduced flag) on the step to stop at."""
+    args = [sys.executable, os.path.join(REPO, "run.py"), "--strategy=multi_worker_mirrored",
+            "--num_workers=2", "--collective_timeout=30", *CLI, "--train_steps=300", f"--model_dir={tmp_path}"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    launcher = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+    lines = []
+    try:
+        for line in launcher.stdout:
+            lines.append(line)
+            if line.startswith("[worker 0] epoch"):
+                launcher.send_signal(signal.SIGTERM)
+                break
+        lines += launcher.communicate(timeout=120)[0].splitlines(keepends=True)
+    finally:
+        launcher.kill()
+    output = "".join(lines)
+    assert launcher.returncode == 3, output[-3000:]
+    stops = sorted({line.split(" at step ")[1].split(":")[0] for line in lines if "preempted: SIGTERM at step" in line})
+    assert len(stops) == 1, output[-3000:]  # both workers stopped at the same step
+    rerun = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert rerun.returncode == 0, rerun.stdout[-3000:]
+    assert f"(resuming at step {stops[0]})" in rerun.stdout
+
+
+def test_an_interrupted_checkpoint_write_leaves_the_previous_one_usable(tmp_path):
+    """What a kill -9 in the middle of a save leaves behind (data written, no index, the state file
+    not yet updated): the next run restores the previous checkpoint. TensorFlow writes into a
+    temporary name and updates the `checkpoint` state file last, which this relies on."""
+    config = small_config(tmp_path, train_steps=4, steps_per_loop=2, checkpoint_every=2)
+    train(config, out=io.StringIO())
+    directory = tmp_path / "checkpoints"
+    (directory / "ckpt-6_temp").mkdir()
+    (directory / "ckpt-6_temp" / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"\0" * 1000)
+    (directory / "ckpt-6.data-00000-of-00001").write_bytes(b"half written")
+    resumed = train(config.replace(train_steps=6), out=io.StringIO())
+    assert resumed.start_step == 4 and resumed.final_step == 6
