@@ -1,10 +1,14 @@
-"""TensorBoard writers. Only the chief writes; other workers get writers that do nothing."""
+"""TensorBoard writers. Only the chief writes; other workers get writers that do nothing, so a
+summary never adds work (or a collective) on them. Every method runs on the host, between
+compiled loops; only `trace_graph` touches a traced function (see start_graph_trace)."""
 
 from __future__ import annotations
 
 import os
 
 import tensorflow as tf
+
+from engine import hparams
 
 
 class SummaryWriter:
@@ -26,6 +30,34 @@ class SummaryWriter:
             return
         with self._writer.as_default(step=step):
             tf.summary.text(name, text)
+
+    def write_images(self, step: int, name: str, images, description: str | None = None) -> None:
+        """images: uint8 (n, h, w, 3) (engine/images.py renders them)."""
+        if self._writer is None or images is None:
+            return
+        with self._writer.as_default(step=step):
+            tf.summary.image(name, images, max_outputs=len(images), description=description)
+
+    def write_histograms(self, step: int, histograms: dict) -> None:
+        if self._writer is None:
+            return
+        with self._writer.as_default(step=step):
+            for name, values in histograms.items():
+                tf.summary.histogram(name, values)
+
+    def write_hparams(self, values: dict, metric_names, trial_id: str) -> None:
+        if self._writer is not None:
+            hparams.write_session(self._writer, values, metric_names, trial_id)
+
+    def start_graph_trace(self) -> None:
+        """Call before the first call (first trace) of the function whose graph is wanted."""
+        if self._writer is not None:
+            tf.summary.trace_on(graph=True, profiler=False)
+
+    def write_graph_trace(self, step: int, name: str) -> None:
+        if self._writer is not None:
+            with self._writer.as_default(step=step):
+                tf.summary.trace_export(name, step=step)
 
     def flush(self) -> None:
         if self._writer is not None:
