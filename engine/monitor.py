@@ -111,8 +111,11 @@ class Monitor:
             "colour, counts in the cells)."))
         grid, pairs = images_lib.misclassified_grid(self.data.test_images, labels, predictions, MISCLASSIFIED)
         writer.write_images(step, "misclassified", grid, description=(
+            f"The first {MISCLASSIFIED} wrong test predictions, each captioned true>predicted; the "
+            "text misclassified_labels of the same step lists them."))
+        writer.write_text(step, "misclassified_labels", (
             f"{int((labels != predictions).sum())} of {len(labels)} test images wrong; the first "
-            f"{len(pairs)}, captioned true>predicted: " + ", ".join(f"{t}>{p}" for t, p in pairs)))
+            f"{len(pairs)} (true>predicted): " + ", ".join(f"{t}>{p}" for t, p in pairs)))
 
     def _predictions(self):
         """Predicted classes of every test image from the chief's local copy of the weights: a plain

@@ -35,11 +35,15 @@ def _scalars(logdir):
 
 
 def _plugin(accumulator, tag):
-    return accumulator.summary_metadata(tag).plugin_data.plugin_name
+    return accumulator.SummaryMetadata(tag).plugin_data.plugin_name
+
+
+def _decode(event):
+    return tf.make_ndarray(event.tensor_proto).item().decode()
 
 
 def _text(accumulator, tag):
-    return tf.make_ndarray(accumulator.Tensors(tag)[0].tensor_proto).item().decode()
+    return _decode(accumulator.Tensors(tag)[0])
 
 
 def test_train_and_eval_scalars_at_global_steps(tmp_path):
@@ -79,7 +83,7 @@ def test_grad_norm_is_the_global_norm_of_the_summed_gradients(tmp_path):
 
 
 def test_everything_a_researcher_watches(tmp_path):
-    result = train(small_config(tmp_path, strategy="mirrored", cpu_replicas=2, train_steps=8, steps_per_loop=3,
+    train(small_config(tmp_path, strategy="mirrored", cpu_replicas=2, train_steps=8, steps_per_loop=3,
                                 eval_every=4, histogram_every=4, trace_graph=True, profile_steps="2,6"), **QUIET)
     train_run, eval_run = _accumulator(tmp_path / "train"), _accumulator(tmp_path / "eval")
     train_tags, eval_tags = _scalars(tmp_path / "train"), _scalars(tmp_path / "eval")
@@ -92,10 +96,11 @@ def test_everything_a_researcher_watches(tmp_path):
     assert train_tags["sample_inputs"] == [0] and _plugin(train_run, "sample_inputs") == "images"
     for tag in ("confusion_matrix", "misclassified"):
         assert eval_tags[tag] == [4, 8] and _plugin(eval_run, tag) == "images"
-    # The chief's predict pass agrees with the distributed evaluation over all 300 test examples.
-    description = eval_run.summary_metadata("misclassified").summary_description
-    wrong = int(re.search(r"(\d+) of 300 test images wrong", description).group(1))
-    assert wrong == round(300 * (1 - result.eval_metrics["accuracy"]))
+    # The chief's predict pass agrees with the distributed evaluation over all 300 test examples
+    # (a text of the same name lists each evaluation's mistakes).
+    for text, accuracy in zip(eval_run.Tensors("misclassified_labels"), eval_run.Tensors("accuracy")):
+        wrong = int(re.search(r"(\d+) of 300 test images wrong", _decode(text)).group(1))
+        assert wrong == round(300 * (1 - float(tf.make_ndarray(accuracy.tensor_proto))))
     # Histograms of every weight and gradient at 4 and 8.
     names = [v for v in train_tags if v.startswith(("weights/", "gradients/"))]
     assert len(names) == 12 and all(train_tags[n] == [4, 8] for n in names)
@@ -107,10 +112,10 @@ def test_everything_a_researcher_watches(tmp_path):
     # HParams: one session in the eval run, holding the flags, referencing the eval metrics.
     assert _plugin(eval_run, hparams_metadata.SESSION_START_INFO_TAG) == hparams_metadata.PLUGIN_NAME
     start = hparams_metadata.parse_session_start_info_plugin_data(
-        eval_run.summary_metadata(hparams_metadata.SESSION_START_INFO_TAG).plugin_data.content)
+        eval_run.SummaryMetadata(hparams_metadata.SESSION_START_INFO_TAG).plugin_data.content)
     assert start.hparams["global_batch"].number_value == 64 and start.hparams["summaries"].string_value == "full"
     experiment = hparams_metadata.parse_experiment_plugin_data(
-        eval_run.summary_metadata(hparams_metadata.EXPERIMENT_TAG).plugin_data.content)
+        eval_run.SummaryMetadata(hparams_metadata.EXPERIMENT_TAG).plugin_data.content)
     assert sorted(m.name.tag for m in experiment.metric_infos) == ["accuracy", "loss"]
 
 
