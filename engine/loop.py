@@ -51,13 +51,22 @@ def _float32_outputs(step_fn, names, step_name):
     return replica_step
 
 
-def _recording_finite(step_fn):
-    """step_fn(batch) -> (outputs, all-replica finite flag of its apply_gradients calls)."""
+def _recording(step_fn, grad_norm: bool, gradients: bool):
+    """step_fn(batch) -> (outputs, all-replica finite flag, all-reduced gradients or []).
+
+    With grad_norm, outputs gains "grad_norm": (global norm of the all-reduced gradients, 1) on
+    every replica, so the SUM over replicas and steps divided by the count is the mean per step;
+    (0, 0) when the step applied no gradients through Task.apply_gradients."""
 
     def step(batch):
-        with nonfinite.recording() as flags:
+        with nonfinite.recording() as record:
             outputs = step_fn(batch)
-        return outputs, nonfinite.recorded_all_finite(flags)
+        if grad_norm:
+            norm = nonfinite.global_norm(record.reduced)
+            outputs = dict(outputs, grad_norm=(tf.constant(0.0), tf.constant(0.0)) if norm is None
+                           else (norm, tf.constant(1.0)))
+        kept = [g for grads in record.reduced for g in grads] if gradients else []
+        return outputs, nonfinite.recorded_all_finite(record.flags), kept
 
     return step
 
@@ -81,16 +90,24 @@ def _reduce_and_add(strategy, totals, outputs):
 
 
 def make_train_loop(strategy, task, global_step: tf.Variable, jit_compile: bool = False,
-                    skip_nonfinite: bool = False):
-    """train_loop(iterator, num_steps) -> (totals, steps, bad_steps).
+                    skip_nonfinite: bool = False, grad_norm: bool = False, gradients: bool = False):
+    """train_loop(iterator, num_steps) -> (totals, steps, bad_steps), or with `gradients`
+    (totals, steps, bad_steps, last_gradients).
 
-    totals: {name: (total, count)} summed over replicas and the good steps. steps: the steps run,
-    each added to `global_step` as it ends, so the counter always matches the weights. bad_steps:
-    with skip_nonfinite, how many steps were skipped; otherwise 1 when the loop stopped early at a
+    totals: {name: (total, count)} summed over replicas and the good steps; with grad_norm it also
+    holds "grad_norm" (mean global gradient norm per step, computed from the gradients the
+    optimizer applies after its all-reduce: no extra collective). steps: the steps run, each added
+    to `global_step` as it ends, so the counter always matches the weights. bad_steps: with
+    skip_nonfinite, how many steps were skipped; otherwise 1 when the loop stopped early at a
     non-finite step (the step numbered global_step + 1, not counted, its update not checkpointed).
+    last_gradients: the all-reduced gradients of the loop's last step, as the first local replica
+    holds them (the same on every replica), for histograms.
     """
-    names = tuple(task.train_metrics)
-    step_fn = _recording_finite(_float32_outputs(task.train_step, names, "train_step"))
+    metric_names = tuple(task.train_metrics)
+    names = metric_names + (("grad_norm",) if grad_norm else ())
+    if grad_norm or gradients:
+        nonfinite.keep_reduced_gradients(task.optimizer)
+    step_fn = _recording(_float32_outputs(task.train_step, metric_names, "train_step"), grad_norm, gradients)
     replica_step = tf.function(step_fn, jit_compile=True) if jit_compile else step_fn
 
     @tf.function
@@ -98,12 +115,19 @@ def make_train_loop(strategy, task, global_step: tf.Variable, jit_compile: bool 
         totals = _zeros(names)
         steps = tf.constant(0, tf.int32)
         bad_steps = tf.constant(0, tf.int32)
+        last = [tf.zeros(v.shape, v.dtype) for v in task.model.trainable_variables] if gradients else []
         for _ in tf.range(num_steps):
-            outputs, gradients_finite = strategy.run(replica_step, args=(next(iterator),))
+            outputs, gradients_finite, kept = strategy.run(replica_step, args=(next(iterator),))
             step_totals = _reduce(strategy, outputs)
+            if gradients:
+                local = [strategy.experimental_local_results(g)[0] for g in kept]
+                if len(local) == len(last):
+                    last = [tf.cast(g, v.dtype) for g, v in zip(local, last)]
             # Already all-reduced in the step, so any local replica's copy is everyone's value.
+            # The gradient norm stays out of the check: the finite flag already covers gradients.
+            checked = {k: v for k, v in step_totals.items() if k != "grad_norm"}
             finite = tf.logical_and(strategy.experimental_local_results(gradients_finite)[0],
-                                    nonfinite.all_finite(tf.nest.flatten(step_totals)))
+                                    nonfinite.all_finite(tf.nest.flatten(checked)))
             if not skip_nonfinite and not finite:
                 bad_steps = tf.constant(1, tf.int32)
                 break
@@ -112,6 +136,8 @@ def make_train_loop(strategy, task, global_step: tf.Variable, jit_compile: bool 
             bad_steps += 1 - tf.cast(finite, tf.int32)
             steps += 1
             global_step.assign_add(1)
+        if gradients:
+            return totals, steps, bad_steps, last
         return totals, steps, bad_steps
 
     return train_loop

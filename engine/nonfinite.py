@@ -15,11 +15,18 @@ gradients as given; with skip=True a bad step leaves the weights AND the optimiz
 The flag also reaches the compiled loop (engine/loop.py): the replica step records it in a
 thread-local list while the Task's train_step is traced (MirroredStrategy traces each replica on
 its own thread), and the loop stops or skips on it without any host sync.
+
+The same recording keeps the gradients the optimizer applies AFTER its cross-replica sum (Keras
+3's `_all_reduce_sum_gradients`, wrapped once per optimizer), so the loop can report the exact
+global gradient norm (and gradient histograms) without a second all-reduce: per-replica gradients
+are partial sums, and the norm of a sum is not a sum of norms. With a Keras whose optimizer lacks
+that method nothing is kept and the engine logs no gradient norm.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import threading
 
@@ -28,16 +35,54 @@ import tensorflow as tf
 _recorded = threading.local()
 
 
+@dataclasses.dataclass
+class Record:
+    """What the apply_gradients calls traced inside `recording()` saw, on this replica."""
+    flags: list = dataclasses.field(default_factory=list)  # all-replica finite flags
+    reduced: list = dataclasses.field(default_factory=list)  # all-reduced gradients, per call
+
+
 @contextlib.contextmanager
 def recording():
-    """Collects the finite flags of the apply_gradients calls traced inside; yields the list."""
-    flags = []
-    previous = getattr(_recorded, "flags", None)
-    _recorded.flags = flags
+    """Collects what the apply_gradients calls traced inside saw; yields a Record."""
+    record = Record()
+    previous = getattr(_recorded, "record", None)
+    _recorded.record = record
     try:
-        yield flags
+        yield record
     finally:
-        _recorded.flags = previous
+        _recorded.record = previous
+
+
+def _current_record():
+    return getattr(_recorded, "record", None)
+
+
+def keep_reduced_gradients(optimizer) -> None:
+    """Wraps optimizer._all_reduce_sum_gradients (once) to record its output while recording.
+
+    Call before the first trace (engine/loop.py does): replicas trace on their own threads."""
+    original = getattr(optimizer, "_all_reduce_sum_gradients", None)
+    if original is None or getattr(original, "_engine_keeps", False):
+        return
+
+    def all_reduce_sum_gradients(grads_and_vars):
+        reduced = original(grads_and_vars)
+        record = _current_record()
+        if record is not None:
+            record.reduced.append([g for g, _ in reduced])
+        return reduced
+
+    all_reduce_sum_gradients._engine_keeps = True
+    optimizer._all_reduce_sum_gradients = all_reduce_sum_gradients
+
+
+def global_norm(gradient_lists) -> tf.Tensor | None:
+    """The L2 norm over every recorded (all-reduced) gradient; None when none was recorded."""
+    tensors = [g for grads in gradient_lists for g in grads if g is not None]
+    if not tensors:
+        return None
+    return tf.linalg.global_norm([tf.cast(g, tf.float32) for g in tensors])
 
 
 def recorded_all_finite(flags) -> tf.Tensor:
@@ -62,8 +107,9 @@ def apply_gradients(optimizer, gradients, variables, skip: bool) -> tf.Tensor:
     """optimizer.apply_gradients, checked across replicas; returns the all-replica finite flag."""
     gradients, variables = list(gradients), list(variables)
     finite = replicas_all_finite(gradients)
-    if hasattr(_recorded, "flags") and _recorded.flags is not None:
-        _recorded.flags.append(finite)
+    record = _current_record()
+    if record is not None:
+        record.flags.append(finite)
     if not skip:
         optimizer.apply_gradients(zip(gradients, variables))
         return finite

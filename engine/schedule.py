@@ -14,6 +14,8 @@ class Schedule:
     steps_per_loop: int
     eval_every: int = 0  # 0: at each epoch end
     checkpoint_every: int = 0  # 0: at each epoch end
+    histogram_every: int = 0  # 0: no histograms
+    marks: tuple = ()  # further steps a loop must end on (e.g. the profiled range)
 
     def __post_init__(self):
         for name in ("total_steps", "steps_per_epoch", "steps_per_loop"):
@@ -29,11 +31,15 @@ class Schedule:
         return self.checkpoint_every or self.steps_per_epoch
 
     def next_loop_steps(self, step: int) -> int:
-        """Steps of the next compiled loop: steps_per_loop, cut short at an eval or checkpoint
-        point or at the end, so those happen at exactly the requested steps."""
+        """Steps of the next compiled loop: steps_per_loop, cut short at an eval, checkpoint or
+        histogram point, a mark, or the end, so those happen at exactly the requested steps."""
         limit = min(self.steps_per_loop, self.total_steps - step)
-        for interval in (self.eval_interval, self.checkpoint_interval):
-            limit = min(limit, interval - step % interval)
+        for interval in (self.eval_interval, self.checkpoint_interval, self.histogram_every):
+            if interval:
+                limit = min(limit, interval - step % interval)
+        for mark in self.marks:
+            if mark > step:
+                limit = min(limit, mark - step)
         return limit
 
     def eval_due(self, step: int) -> bool:
@@ -41,6 +47,9 @@ class Schedule:
 
     def checkpoint_due(self, step: int) -> bool:
         return step % self.checkpoint_interval == 0 or step == self.total_steps
+
+    def histogram_due(self, step: int) -> bool:
+        return bool(self.histogram_every) and step % self.histogram_every == 0
 
     def epoch(self, step: int) -> int:
         """Epochs completed at `step`."""

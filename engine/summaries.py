@@ -1,31 +1,70 @@
-"""TensorBoard writers. Only the chief writes; other workers get writers that do nothing."""
+"""TensorBoard writers. Only the chief writes; other workers get writers that do nothing, so a
+summary never adds work (or a collective) on them. Every method runs on the host, between
+compiled loops; only `trace_graph` touches a traced function (see start_graph_trace)."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import tensorflow as tf
 
+from engine import hparams
+
+
+def _writes(method):
+    """A method that writes at `step` on the chief and does nothing elsewhere."""
+
+    @functools.wraps(method)
+    def write(self, step: int, *args, **kwargs) -> None:
+        if self._writer is None:
+            return
+        with self._writer.as_default(step=step):
+            method(self, step, *args, **kwargs)
+
+    return write
+
 
 class SummaryWriter:
-    """A small writer interface: write_scalars(step, {name: value}), write_text, flush, close."""
+    """A small writer interface: write_scalars(step, {name: value}), write_text, write_images,
+    write_histograms, write_hparams, the graph trace, flush, close."""
 
     def __init__(self, logdir: str | None):
         self.logdir = logdir
         self._writer = tf.summary.create_file_writer(logdir) if logdir else None
 
+    @_writes
     def write_scalars(self, step: int, scalars: dict) -> None:
-        if self._writer is None:
-            return
-        with self._writer.as_default(step=step):
-            for name, value in scalars.items():
-                tf.summary.scalar(name, value)
+        for name, value in scalars.items():
+            tf.summary.scalar(name, value)
 
+    @_writes
     def write_text(self, step: int, name: str, text: str) -> None:
-        if self._writer is None:
-            return
-        with self._writer.as_default(step=step):
-            tf.summary.text(name, text)
+        tf.summary.text(name, text)
+
+    @_writes
+    def write_images(self, step: int, name: str, images, description: str | None = None) -> None:
+        """images: uint8 (n, h, w, 3) (engine/images.py renders them); None writes nothing."""
+        if images is not None:
+            tf.summary.image(name, images, max_outputs=len(images), description=description)
+
+    @_writes
+    def write_histograms(self, step: int, histograms: dict) -> None:
+        for name, values in histograms.items():
+            tf.summary.histogram(name, values)
+
+    def write_hparams(self, values: dict, metric_names, trial_id: str) -> None:
+        if self._writer is not None:
+            hparams.write_session(self._writer, values, metric_names, trial_id)
+
+    def start_graph_trace(self) -> None:
+        """Call before the first call (first trace) of the function whose graph is wanted."""
+        if self._writer is not None:
+            tf.summary.trace_on(graph=True, profiler=False)
+
+    @_writes
+    def write_graph_trace(self, step: int, name: str) -> None:
+        tf.summary.trace_export(name, step=step)
 
     def flush(self) -> None:
         if self._writer is not None:

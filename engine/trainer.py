@@ -4,6 +4,7 @@ log, evaluate and checkpoint. Everything numeric happens in engine/loop.py and e
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import random
 import sys
@@ -21,6 +22,7 @@ from engine.checkpoints import Checkpointer
 from engine.cluster import parse_tf_config
 from engine.errors import NonFiniteLoss, Preempted, UserError
 from engine.loop import make_eval_loop, make_train_loop, ratios
+from engine.monitor import Monitor, parse_profile_steps
 from engine.preemption import Watch
 from engine.progress import Progress, format_duration
 from engine.schedule import Schedule
@@ -116,6 +118,8 @@ def _train(config, out) -> RunResult:
         steps_per_loop=config.steps_per_loop,
         eval_every=config.eval_every,
         checkpoint_every=config.checkpoint_every,
+        histogram_every=config.histogram_every,
+        marks=parse_profile_steps(config.profile_steps) or (),
     )
     task = load_task_class(config.task)(config, input_shape=data.image_shape, num_classes=data.num_classes)
 
@@ -148,14 +152,18 @@ def _train(config, out) -> RunResult:
         run_record.write(config, {"engine_version": __version__, "replicas": placement.num_replicas,
                                   "effective_seed": seed})
     writers = create_writers(config.model_dir, placement.is_chief)
+    monitor = Monitor(config, writers, task, data, is_chief=placement.is_chief)
     if start_step == 0:
-        writers["train"].write_text(0, "config", _config_markdown(config, placement, seed))
+        monitor.at_start(_config_markdown(config, placement, seed),
+                         {"replicas": placement.num_replicas, "effective_seed": seed})
     train_data = data_lib.distributed_train_data(strategy, data, config, seed, skip_batches=start_step)
     eval_data = strategy.experimental_distribute_dataset(
         data_lib.eval_dataset(data.test_images, data.test_labels, config.global_batch)
     )
+    histograms = config.histogram_every > 0
     train_loop = make_train_loop(strategy, task, global_step, jit_compile=config.jit_compile,
-                                 skip_nonfinite=config.on_nonfinite == "skip")
+                                 skip_nonfinite=config.on_nonfinite == "skip",
+                                 grad_norm=config.summaries == "full", gradients=histograms)
     eval_loop = make_eval_loop(strategy, task)
     progress = Progress(schedule.total_steps, steps_per_epoch, start_step, stream=out,
                         enabled=placement.is_chief)
@@ -163,6 +171,7 @@ def _train(config, out) -> RunResult:
     def evaluate(at_step):
         metrics = ratios(eval_loop(eval_data))
         writers["eval"].write_scalars(at_step, metrics)
+        monitor.after_eval(at_step)
         writers["eval"].flush()
         progress.message(
             f"eval   step {at_step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
@@ -197,8 +206,10 @@ def _train(config, out) -> RunResult:
                         f"{checkpoint_path or 'saved by the chief'}; rerun the same command to resume "
                         "(a second signal ends the run at once)")
                 num_steps = schedule.next_loop_steps(step)
+                first_call = first_loop_seconds is None
+                monitor.before_loop(step, first_call)
                 loop_start = time.perf_counter()
-                totals, ran, bad = train_loop(iterator, tf.constant(num_steps, dtype=tf.int32))
+                totals, ran, bad, *last_gradients = train_loop(iterator, tf.constant(num_steps, dtype=tf.int32))
                 seconds = time.perf_counter() - loop_start
                 ran, bad = int(ran.numpy()), int(bad.numpy())
                 if config.on_nonfinite == "stop" and bad:
@@ -208,6 +219,8 @@ def _train(config, out) -> RunResult:
                         + (f" ({checkpoint_path})" if checkpoint_path else "")
                         + "; lower --learning_rate, check the data, or use --on_nonfinite=skip")
                 train_metrics = ratios(totals)
+                if math.isnan(train_metrics.get("grad_norm", 0.0)):
+                    del train_metrics["grad_norm"]  # nan: the Task applied no gradients via apply_gradients
                 skipped_steps += bad
                 if bad:
                     progress.message(f"skipped {bad} of steps {step + 1}-{step + num_steps}: non-finite loss "
@@ -225,7 +238,9 @@ def _train(config, out) -> RunResult:
                     "learning_rate": _scalar(task.optimizer.learning_rate),
                     "steps_per_sec": num_steps / seconds,
                     "examples_per_sec": examples_per_sec,
+                    "loop_seconds": seconds,
                 })
+                monitor.after_loop(step, first_call, last_gradients[0] if last_gradients else None)
                 progress.update(step, train_metrics, examples_per_sec)
                 if schedule.eval_due(step):
                     eval_metrics = evaluate(step)
@@ -242,6 +257,7 @@ def _train(config, out) -> RunResult:
             os.makedirs(os.path.dirname(export_path), exist_ok=True)
             task.model.save(export_path)
     finally:
+        monitor.stop_profiler()
         if peers:
             peers.stop()
         for writer in writers.values():

@@ -110,6 +110,19 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "allow_config_change", False,
         "Resume a --model_dir even though --model, --dataset, --global_batch or --task differ from "
         "its config.json (the checkpoint must still match the model).", **f)
+    # TensorBoard extras.
+    absl_flags.DEFINE_enum(
+        "summaries", "full", ("full", "basic"),
+        "full: loop scalars + global gradient norm, sample-input, confusion-matrix and misclassified "
+        "images, HParams; basic: loop scalars and the config text only.", **f)
+    absl_flags.DEFINE_integer(
+        "histogram_every", 0, "Write weight and gradient histograms every this many steps (loops are cut "
+        "to land on them); 0: off.", lower_bound=0, **f)
+    absl_flags.DEFINE_boolean(
+        "trace_graph", False, "Write the traced train loop graph for the Graphs tab (first loop only).", **f)
+    absl_flags.DEFINE_string(
+        "profile_steps", "", "START,END: capture a profiler trace of steps START+1..END (Profile tab; needs "
+        "the `profile` extra to view); empty: off.", **f)
     # Reproducibility and compilation.
     absl_flags.DEFINE_integer(
         "seed", None, "Seed for weights and data order; default: random (printed, so it can be reused).", **f)
@@ -134,5 +147,7 @@ def config_from_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> 
         eval_every=v.eval_every, checkpoint_every=v.checkpoint_every,
         keep_checkpoints=v.keep_checkpoints, on_nonfinite=v.on_nonfinite,
         allow_config_change=v.allow_config_change, model_dir=model_dir, export=v.export, seed=v.seed,
+        summaries=v.summaries, histogram_every=v.histogram_every, trace_graph=v.trace_graph,
+        profile_steps=v.profile_steps,
         deterministic=v.deterministic, jit_compile=v.jit_compile,
     )

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from tensorboard.backend.event_processing import event_accumulator
 
 from conftest import REPO, TEST_TASKS, exported_weights, run_cli, small_config
 from engine.launch import worker_tf_configs
@@ -73,11 +74,18 @@ def test_worker_layouts_train_alike(tmp_path, input_mode):
 
 
 def test_only_the_chief_writes(tmp_path):
-    codes, outputs = _finish(_start([[*ARGS, f"--model_dir={tmp_path / 'chief'}"],
-                                     [*ARGS, f"--model_dir={tmp_path / 'worker1'}"]]))
+    """Every TensorBoard extra on: the chief writes them all (its predict pass for the eval images
+    and its profiler add no collective, or the workers would hang); worker 1 writes nothing."""
+    extras = ["--histogram_every=3", "--trace_graph", "--profile_steps=0,3"]
+    codes, outputs = _finish(_start([[*ARGS, *extras, f"--model_dir={tmp_path / 'chief'}"],
+                                     [*ARGS, *extras, f"--model_dir={tmp_path / 'worker1'}"]]))
     assert codes == [0, 0], outputs
     assert sorted(os.listdir(tmp_path / "chief")) == ["checkpoints", "config.json", "eval", "export", "train"]
     assert not (tmp_path / "worker1").exists()
+    accumulator = event_accumulator.EventAccumulator(str(tmp_path / "chief" / "eval"))
+    accumulator.Reload()
+    assert {"confusion_matrix", "misclassified", "_hparams_/session_start_info"} <= set(accumulator.Tags()["tensors"])
+    assert (tmp_path / "chief" / "train" / "plugins" / "profile").is_dir()
 
 
 def test_flag_mismatch_stops_every_worker(tmp_path):

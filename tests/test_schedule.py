@@ -33,3 +33,9 @@ def test_epochs_and_bad_values():
     assert schedule.epoch(29) == 2 and schedule.epoch(30) == 3
     with pytest.raises(UserError, match="steps_per_loop"):
         Schedule(total_steps=30, steps_per_epoch=10, steps_per_loop=0)
+
+
+def test_loops_also_stop_at_histogram_steps_and_marks():
+    schedule = Schedule(total_steps=20, steps_per_epoch=20, steps_per_loop=8, histogram_every=6, marks=(3, 13))
+    assert _loops(schedule) == [3, 6, 12, 13, 18, 20]
+    assert [s for s in range(21) if schedule.histogram_due(s)] == [0, 6, 12, 18]

@@ -1,0 +1,140 @@
+"""What the chief shows in TensorBoard beyond the per-loop scalars, decided between compiled loops:
+config text, sample inputs, HParams session, confusion matrix and misclassified images at each
+evaluation, weight/gradient histograms, the traced train-step graph and the profiler window.
+
+Nothing here runs a collective: on other workers the writers do nothing and the chief-only work
+(predictions for the images, the profiler) is skipped, so they never wait on it except at the next
+collective of the training loop.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from engine import __version__
+from engine import images as images_lib
+from engine.errors import UserError
+from engine.hparams import hparam_values
+
+SAMPLE_INPUTS = 24  # training images in the start-up grid
+MISCLASSIFIED = 24  # wrong test predictions shown per evaluation
+PREDICT_BATCH = 1000
+
+
+def parse_profile_steps(text: str) -> tuple | None:
+    """'START,END' -> (START, END) with 0 <= START < END; '' -> None."""
+    if not text:
+        return None
+    try:
+        start, end = (int(part) for part in text.split(","))
+    except ValueError:
+        raise UserError(f"--profile_steps={text!r}: expected START,END, two step numbers like 100,120") from None
+    if not 0 <= start < end:
+        raise UserError(f"--profile_steps={text!r}: need 0 <= START < END")
+    return start, end
+
+
+class Monitor:
+    """Chief-side TensorBoard extras for one run; every method is a no-op where it has no effect."""
+
+    def __init__(self, config, writers, task, data, *, is_chief: bool):
+        self.config, self.writers, self.task, self.data = config, writers, task, data
+        self.is_chief = is_chief
+        self.full = config.summaries == "full"
+        self.profile = parse_profile_steps(config.profile_steps)
+        self._profiling = False
+        self._predict = None
+
+    @property
+    def marks(self) -> tuple:
+        """Steps that must end a compiled loop (the profiled window)."""
+        return self.profile or ()
+
+    # ---- start of a fresh run ----
+    def at_start(self, text: str, extra_hparams: dict) -> None:
+        train, evaluation = self.writers["train"], self.writers["eval"]
+        train.write_text(0, "config", text)
+        train.write_text(0, "engine_version", f"ctl-engine {__version__}")
+        if not self.full:
+            return
+        count = min(SAMPLE_INPUTS, len(self.data.train_images))
+        labels = [str(int(label)) for label in self.data.train_labels[:count]]
+        train.write_images(0, "sample_inputs", images_lib.grid(
+            self.data.train_images[:count], captions=labels, caption_color=(64, 220, 64)),
+            description="The first training images with their labels (before shuffling).")
+        flags = {k: v for k, v in self.config.as_dict().items() if k != "model_dir"}
+        evaluation.write_hparams(hparam_values(flags, {"engine_version": __version__, **extra_hparams}),
+                                 self.task.eval_metrics, trial_id=os.path.basename(
+                                     os.path.normpath(self.config.model_dir)))
+
+    # ---- around compiled loops ----
+    def before_loop(self, step: int, first_call: bool) -> None:
+        if first_call and self.config.trace_graph:
+            self.writers["train"].start_graph_trace()
+        if self.is_chief and self.profile and step == self.profile[0] and not self._profiling:
+            tf.profiler.experimental.start(os.path.join(self.config.model_dir, "train"))
+            self._profiling = True
+
+    def after_loop(self, step: int, first_call: bool, last_gradients=None) -> None:
+        if first_call and self.config.trace_graph:
+            self.writers["train"].write_graph_trace(step, "train_loop")
+        if self._profiling and step >= self.profile[1]:
+            self.stop_profiler()
+        every = self.config.histogram_every
+        if self.is_chief and every and step % every == 0:
+            variables = self.task.model.trainable_variables
+            histograms = {f"weights/{v.path}": v.numpy() for v in variables}
+            if last_gradients is not None:
+                histograms.update({f"gradients/{v.path}": g for v, g in zip(variables, last_gradients)})
+            self.writers["train"].write_histograms(step, histograms)
+
+    def stop_profiler(self) -> None:
+        if self._profiling:
+            tf.profiler.experimental.stop()
+            self._profiling = False
+
+    # ---- at each evaluation ----
+    def after_eval(self, step: int) -> None:
+        if not (self.full and self.is_chief):
+            return
+        predictions = self._predictions()
+        if predictions is None:
+            return
+        labels, num_classes = self.data.test_labels, self.data.num_classes
+        counts = images_lib.confusion_matrix(labels, predictions, num_classes)
+        writer = self.writers["eval"]
+        writer.write_images(step, "confusion_matrix", images_lib.confusion_image(counts), description=(
+            f"Rows: true class, columns: predicted, over all {len(labels)} test examples (row-normalised "
+            "colour, counts in the cells)."))
+        grid, pairs = images_lib.misclassified_grid(self.data.test_images, labels, predictions, MISCLASSIFIED)
+        writer.write_images(step, "misclassified", grid, description=(
+            f"The first {MISCLASSIFIED} wrong test predictions, each captioned true>predicted; the "
+            "text misclassified_labels of the same step lists them."))
+        writer.write_text(step, "misclassified_labels", (
+            f"{int((labels != predictions).sum())} of {len(labels)} test images wrong; the first "
+            f"{len(pairs)} (true>predicted): " + ", ".join(f"{t}>{p}" for t, p in pairs)))
+
+    def _predictions(self):
+        """Predicted classes of every test image from the chief's local copy of the weights: a plain
+        forward pass outside strategy.run reads mirrored variables locally (no collective). None
+        when the model's outputs are not one logit per class (a custom Task)."""
+        model, data = self.task.model, self.data
+        if self._predict is None:
+            spec = tf.TensorSpec([None, *data.image_shape], tf.float32)
+
+            @tf.function(input_signature=[spec])
+            def predict(x):
+                return model(x, training=False)
+
+            self._predict = predict
+        out = []
+        for start in range(0, len(data.test_images), PREDICT_BATCH):
+            batch = data.test_images[start:start + PREDICT_BATCH].astype(np.float32) / 255.0
+            logits = self._predict(batch.reshape((-1, *data.image_shape))).numpy()
+            if logits.ndim != 2 or logits.shape[-1] != data.num_classes:
+                return None
+            out.append(logits.argmax(axis=-1))
+        return np.concatenate(out)
