@@ -118,7 +118,9 @@ def test_killed_worker_is_named_within_the_timeout(tmp_path):
         for process in processes:
             process.kill()
     assert processes[0].returncode == 2, output[-3000:]
-    assert elapsed < 10 + 10, elapsed  # the collective timeout plus probing slack
+    # The peer watchdog names it after --collective_timeout (10 s) unless the process is inside a
+    # call that holds the GIL; then TensorFlow's own heartbeat (20-25 s here) ends the collective.
+    assert elapsed < 45, elapsed
     error = [l for l in output.splitlines() if l.startswith("error:")][-1]
     assert "worker:1" in error and "Traceback" not in output
 
