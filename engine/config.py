@@ -6,6 +6,12 @@ import dataclasses
 from typing import Optional
 
 
+# The names the engine accepts, in one place (no TensorFlow import: flags/ uses them for --help).
+STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored")
+DATASETS = ("mnist", "fashion_mnist", "synthetic")
+INPUT_MODES = ("distribute_dataset", "per_worker")
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     # Distribution.

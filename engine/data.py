@@ -15,10 +15,9 @@ import numpy as np
 import tensorflow as tf
 
 from engine import readers
+from engine.config import DATASETS, INPUT_MODES
 from engine.errors import UserError
 
-DATASETS = ("mnist", "fashion_mnist", "synthetic")
-INPUT_MODES = ("distribute_dataset", "per_worker")
 DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 

@@ -66,7 +66,7 @@ class Monitor:
             self.data.train_images[:count], captions=labels, caption_color=(64, 220, 64)),
             description="The first training images with their labels (before shuffling).")
         flags = {k: v for k, v in self.config.as_dict().items() if k != "model_dir"}
-        evaluation.write_hparams(hparam_values(flags, {"engine_version": __version__, **extra_hparams}),
+        evaluation.write_hparams(hparam_values(flags, extra_hparams),
                                  self.task.eval_metrics, trial_id=os.path.basename(
                                      os.path.normpath(self.config.model_dir)))
 

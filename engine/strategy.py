@@ -8,10 +8,10 @@ import os
 import tensorflow as tf
 
 from engine.cluster import Cluster, parse_tf_config
+from engine.config import STRATEGIES
 from engine.errors import UserError
 from engine.watchdog import rendezvous
 
-STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -145,17 +145,16 @@ def _train(config, out) -> RunResult:
     start_step = int(global_step.numpy())
     if int(seed_variable.numpy()) != seed:  # a resumed run keeps its seed, so its data order
         seed = int(seed_variable.numpy())
-        keras.utils.set_random_seed(seed)  # the shuffle depends on the global seed too
+        keras.utils.set_random_seed(seed)  # other randomness (initialisers, dropout) follows it too
     _banner(config, placement, data, per_replica, schedule, seed, task.model, start_step, out)
 
+    run_facts = {"engine_version": __version__, "replicas": placement.num_replicas, "effective_seed": seed}
     if placement.is_chief and (start_step == 0 or config_changes):
-        run_record.write(config, {"engine_version": __version__, "replicas": placement.num_replicas,
-                                  "effective_seed": seed})
+        run_record.write(config, run_facts)
     writers = create_writers(config.model_dir, placement.is_chief)
     monitor = Monitor(config, writers, task, data, is_chief=placement.is_chief)
     if start_step == 0:
-        monitor.at_start(_config_markdown(config, placement, seed),
-                         {"replicas": placement.num_replicas, "effective_seed": seed})
+        monitor.at_start(_config_markdown(config, run_facts), run_facts)
     train_data = data_lib.distributed_train_data(strategy, data, config, seed, skip_batches=start_step)
     eval_data = strategy.experimental_distribute_dataset(
         data_lib.eval_dataset(data.test_images, data.test_labels, config.global_batch)
@@ -278,9 +277,8 @@ def _train(config, out) -> RunResult:
     return result
 
 
-def _config_markdown(config, placement, seed) -> str:
-    rows = [f"| engine version | {__version__} |", f"| replicas | {placement.num_replicas} |",
-            f"| effective seed | {seed} |"]
+def _config_markdown(config, run_facts: dict) -> str:
+    rows = [f"| {k.replace('_', ' ')} | {v} |" for k, v in run_facts.items()]
     rows += [f"| {k} | {v} |" for k, v in config.as_dict().items()]
     return "| flag | value |\n|---|---|\n" + "\n".join(rows)
 

@@ -8,10 +8,8 @@ import os
 
 from absl import flags as absl_flags
 
-from engine.config import Config
+from engine.config import DATASETS, INPUT_MODES, STRATEGIES, Config
 
-STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored")
-DATASETS = ("mnist", "fashion_mnist", "synthetic")
 OPTIMIZERS = ("adam", "sgd")
 NONFINITE_ACTIONS = ("stop", "skip")
 
@@ -43,7 +41,7 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "processes on 127.0.0.1 (free ports, one TF_CONFIG each). With TF_CONFIG: must match its "
         "cluster size (0: not checked).", lower_bound=0, upper_bound=64, **f)
     absl_flags.DEFINE_enum(
-        "input_mode", "distribute_dataset", ("distribute_dataset", "per_worker"),
+        "input_mode", "distribute_dataset", INPUT_MODES,
         "How training data reaches the replicas: distribute_dataset (one pipeline of global "
         "batches, split by strategy.experimental_distribute_dataset) or per_worker (each worker "
         "builds its own pipeline of per-replica batches, strategy.distribute_datasets_from_function).", **f)
