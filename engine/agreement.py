@@ -18,6 +18,7 @@ AGREED_FLAGS = (
     "global_batch", "dataset", "model", "task", "optimizer", "learning_rate", "seed", "epochs",
     "train_steps", "steps_per_loop", "eval_every", "checkpoint_every", "input_mode",
     "synthetic_train_examples", "synthetic_test_examples", "deterministic", "jit_compile",
+    "lr_schedule", "warmup_steps", "weight_decay", "clip_norm", "precision", "grad_accum_steps",
 )
 
 

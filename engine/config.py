@@ -10,6 +10,8 @@ from typing import Optional
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored")
 DATASETS = ("mnist", "fashion_mnist", "synthetic")
 INPUT_MODES = ("distribute_dataset", "per_worker")
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+LR_SCHEDULES = ("constant", "cosine", "warmup_cosine")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +32,12 @@ class Config:
     task: str = "classification"
     optimizer: str = "adam"
     learning_rate: Optional[float] = None  # None: the optimizer's default (see engine/optimizers.py).
+    lr_schedule: str = "constant"  # or "cosine", "warmup_cosine" (over the run's optimizer updates).
+    warmup_steps: int = 0  # linear warm-up updates of "warmup_cosine".
+    weight_decay: float = 0.0  # decoupled weight decay per update (AdamW with adam); 0: off.
+    clip_norm: float = 0.0  # clip the global norm of the cross-replica-summed gradient; 0: off.
+    precision: str = "float32"  # or "mixed_bfloat16", "mixed_float16" (dynamic loss scaling).
+    grad_accum_steps: int = 1  # micro-batches per global batch, gradients summed before the update.
     # Schedule, in global steps (one step = one global batch across all replicas).
     global_batch: int = 256
     epochs: int = 3

@@ -8,7 +8,7 @@ import os
 
 from absl import flags as absl_flags
 
-from engine.config import DATASETS, INPUT_MODES, STRATEGIES, Config
+from engine.config import DATASETS, INPUT_MODES, LR_SCHEDULES, PRECISIONS, STRATEGIES, Config
 
 OPTIMIZERS = ("adam", "sgd")
 NONFINITE_ACTIONS = ("stop", "skip")
@@ -73,6 +73,36 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
     absl_flags.register_validator(
         "learning_rate", lambda rate: rate is None or (math.isfinite(rate) and rate > 0),
         message="--learning_rate must be a finite number > 0", flag_values=flag_values)
+    absl_flags.DEFINE_enum(
+        "lr_schedule", "constant", LR_SCHEDULES,
+        "Learning rate over the run's optimizer updates: constant; cosine (from --learning_rate down "
+        "to 0 at the last step); warmup_cosine (linear from 0 to --learning_rate over --warmup_steps, "
+        "then cosine to 0).", **f)
+    absl_flags.DEFINE_integer(
+        "warmup_steps", 0, "Optimizer updates of linear warm-up for --lr_schedule=warmup_cosine "
+        "(needs > 0 there, and fewer than the run's steps).", lower_bound=0, **f)
+    absl_flags.DEFINE_float(
+        "weight_decay", 0.0,
+        "Decoupled weight decay per update: w -= learning_rate x weight_decay x w (with adam this is "
+        "AdamW); biases and batch-norm scales/offsets are not decayed; 0: off.", lower_bound=0.0, **f)
+    absl_flags.DEFINE_float(
+        "clip_norm", 0.0,
+        "Clip the global L2 norm of the gradient to this value, computed on the gradient summed over "
+        "all replicas and workers (after loss unscaling); 0: off.", lower_bound=0.0, **f)
+    absl_flags.DEFINE_enum(
+        "precision", "float32", PRECISIONS,
+        "float32; mixed_bfloat16 (bfloat16 compute, float32 weights, no loss scaling); mixed_float16 "
+        "(float16 compute, dynamic loss scaling whose overflow check covers every replica and worker). "
+        "The model's last layer stays float32.", **f)
+    absl_flags.DEFINE_integer(
+        "grad_accum_steps", 1,
+        "Split each global batch into this many micro-batches, run one after another on each replica; "
+        "their gradients are summed before the one optimizer update (same update, about 1/K of the "
+        "activation memory). --global_batch must divide by replicas x this.", lower_bound=1, **f)
+    for name in ("weight_decay", "clip_norm"):
+        absl_flags.register_validator(
+            name, lambda value: math.isfinite(value), message=f"--{name} must be a finite number >= 0",
+            flag_values=flag_values)
     # Schedule.
     absl_flags.DEFINE_integer(
         "global_batch", 256,
@@ -140,7 +170,9 @@ def config_from_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> 
         num_workers=v.num_workers, input_mode=v.input_mode,
         dataset=v.dataset, data_dir=v.data_dir, synthetic_train_examples=v.synthetic_train_examples,
         synthetic_test_examples=v.synthetic_test_examples, model=v.model, task=v.task,
-        optimizer=v.optimizer, learning_rate=v.learning_rate, global_batch=v.global_batch,
+        optimizer=v.optimizer, learning_rate=v.learning_rate, lr_schedule=v.lr_schedule,
+        warmup_steps=v.warmup_steps, weight_decay=v.weight_decay, clip_norm=v.clip_norm,
+        precision=v.precision, grad_accum_steps=v.grad_accum_steps, global_batch=v.global_batch,
         epochs=v.epochs, train_steps=v.train_steps, steps_per_loop=v.steps_per_loop,
         eval_every=v.eval_every, checkpoint_every=v.checkpoint_every,
         keep_checkpoints=v.keep_checkpoints, on_nonfinite=v.on_nonfinite,
