@@ -4,12 +4,15 @@ Each step's metrics {name: (total, count)} are reduced across replicas with
 strategy.reduce(SUM) and summed over the steps of the loop. The step count is a tensor, so a
 loop of any length reuses one trace (no retracing between the loops of a run).
 
-A training step is bad when a reduced metric total is not finite (a NaN/Inf loss on any replica)
-or when Task.apply_gradients saw a non-finite gradient on any replica (engine/nonfinite.py). Both
-are all-reduced values, the same on every replica and worker, so every replica takes the same
-branch, and the decision stays on the device (no host sync per step): with stop, the loop ends
-before counting the bad step; with skip, the step counts (its batch is consumed) but its metrics
-do not.
+One training step, on each replica: the Task's train_step runs on each of the --grad_accum_steps
+micro-batches of the replica's share of the global batch (their gradients, handed over with
+Task.apply_gradients, are summed), then engine/update.py applies them once (one all-reduce).
+
+A step is bad when a reduced metric total is not finite (a NaN/Inf loss on any replica) or when
+the summed gradients are (and loss scaling does not explain it). Both are the same value on every
+replica and worker, so every replica takes the same branch, and the decision stays on the device
+(no host sync per step): with stop, the loop ends before counting the bad step; with skip, the step
+counts (its batch is consumed) but its metrics do not. The update of a bad step never happens.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import warnings
 
 import tensorflow as tf
 
-from engine import nonfinite
+from engine import update
 from engine.errors import UserError
 
 # Iterating a distributed dataset inside tf.function makes tf.data warn about options it cannot
@@ -51,24 +54,65 @@ def _float32_outputs(step_fn, names, step_name):
     return replica_step
 
 
-def _recording(step_fn, grad_norm: bool, gradients: bool):
-    """step_fn(batch) -> (outputs, all-replica finite flag, all-reduced gradients or []).
+def _add(totals, more):
+    return {name: (totals[name][0] + more[name][0], totals[name][1] + more[name][1]) for name in totals}
 
-    With grad_norm, outputs gains "grad_norm": (global norm of the all-reduced gradients, 1) on
-    every replica, so the SUM over replicas and steps divided by the count is the mean per step;
-    (0, 0) when the step applied no gradients through Task.apply_gradients."""
 
-    def step(batch):
-        with nonfinite.recording() as record:
-            outputs = step_fn(batch)
-        if grad_norm:
-            norm = nonfinite.global_norm(record.reduced)
-            outputs = dict(outputs, grad_norm=(tf.constant(0.0), tf.constant(0.0)) if norm is None
-                           else (norm, tf.constant(1.0)))
-        kept = [g for grads in record.reduced for g in grads] if gradients else []
-        return outputs, nonfinite.recorded_all_finite(record.flags), kept
+class _TrainStep:
+    """One replica's training step: micro-batches, then the engine's update."""
 
-    return step
+    def __init__(self, task, names, accum_steps: int, jit_compile: bool, grad_norm: bool, keep_gradients: bool):
+        self.task, self.accum_steps = task, accum_steps
+        self.grad_norm, self.keep_gradients = grad_norm, keep_gradients
+        self._step = _float32_outputs(task.train_step, names, "train_step")
+        self._handed = None  # what the last trace of the Task's step handed over (Python, trace time)
+        self._compute = tf.function(self._compute_fn, jit_compile=True) if jit_compile else self._compute_fn
+
+    def _compute_fn(self, batch):
+        """The Task's step on one micro-batch -> (metrics, gradients handed over or [])."""
+        with update.collecting() as handed:
+            outputs = self._step(batch)
+        self._handed = handed
+        return outputs, [g for g in (handed.gradients or []) if g is not None]
+
+    def _micro_batches(self, batch):
+        """Sums metrics and gradients over the micro-batches of this replica's batch."""
+        k = self.accum_steps
+        split = tf.nest.map_structure(
+            lambda t: tf.reshape(t, tf.concat([[k, tf.shape(t)[0] // k], tf.shape(t)[1:]], 0)), batch)
+        outputs, gradients = self._compute(tf.nest.map_structure(lambda t: t[0], split))
+
+        def body(i, outputs, gradients):
+            more, grads = self._compute(tf.nest.map_structure(lambda t: t[i], split))
+            return i + 1, _add(outputs, more), [a + b for a, b in zip(gradients, grads)]
+
+        _, outputs, gradients = tf.while_loop(lambda i, *_: i < k, body, (tf.constant(1), outputs, gradients))
+        return outputs, gradients
+
+    def __call__(self, batch):
+        if self.accum_steps == 1:
+            outputs, gradients = self._compute(batch)
+        else:
+            outputs, gradients = self._micro_batches(batch)
+        handed, updater = self._handed, self.task.updater
+        if handed.gradients is None:  # the Task updated by itself (or not at all)
+            outcome = None
+        else:
+            if updater.loss_scaling and not handed.scaled:
+                raise UserError("--precision=mixed_float16 scales the loss: train_step must take the "
+                                "gradients of self.scale_loss(loss), not of the loss itself")
+            full, present = [None] * len(handed.gradients), iter(gradients)
+            for i, g in enumerate(handed.gradients):
+                if g is not None:
+                    full[i] = next(present)
+            outcome = updater.apply(full, handed.variables)
+        if self.grad_norm:
+            outputs = dict(outputs, grad_norm=(tf.constant(0.0), tf.constant(0.0)) if outcome is None
+                           else (outcome.grad_norm, tf.constant(1.0)))
+        if outcome is None:
+            return outputs, tf.constant(False), tf.constant(True), []
+        kept = outcome.gradients if self.keep_gradients else []
+        return outputs, outcome.bad, outcome.applied, kept
 
 
 def _reduce(strategy, outputs):
@@ -80,65 +124,59 @@ def _reduce(strategy, outputs):
     return {name: (reduce(total), reduce(count)) for name, (total, count) in outputs.items()}
 
 
-def _add(totals, more):
-    return {name: (totals[name][0] + more[name][0], totals[name][1] + more[name][1]) for name in totals}
-
-
 def _reduce_and_add(strategy, totals, outputs):
     """totals + SUM over replicas of outputs."""
     return _add(totals, _reduce(strategy, outputs))
 
 
-def make_train_loop(strategy, task, global_step: tf.Variable, jit_compile: bool = False,
+def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: int = 1, jit_compile: bool = False,
                     skip_nonfinite: bool = False, grad_norm: bool = False, gradients: bool = False):
-    """train_loop(iterator, num_steps) -> (totals, steps, bad_steps), or with `gradients`
-    (totals, steps, bad_steps, last_gradients).
-
-    totals: {name: (total, count)} summed over replicas and the good steps; with grad_norm it also
-    holds "grad_norm" (mean global gradient norm per step, computed from the gradients the
-    optimizer applies after its all-reduce: no extra collective). steps: the steps run, each added
-    to `global_step` as it ends, so the counter always matches the weights. bad_steps: with
-    skip_nonfinite, how many steps were skipped; otherwise 1 when the loop stopped early at a
-    non-finite step (the step numbered global_step + 1, not counted, its update not checkpointed).
-    last_gradients: the all-reduced gradients of the loop's last step, as the first local replica
-    holds them (the same on every replica), for histograms.
+    """train_loop(iterator, num_steps) -> dict with
+      totals: {name: (total, count)} summed over replicas and the good steps; with grad_norm also
+        "grad_norm" (mean global norm per step of the summed gradients, before clipping);
+      steps: the steps run, each added to `global_step` as it ends, so the counter matches the weights;
+      bad_steps: with skip_nonfinite, how many steps were bad (skipped); otherwise 1 when the loop
+        stopped early at a bad step (the step numbered global_step + 1, not counted, not applied);
+      skipped_updates: steps whose update did not happen (bad ones and loss-scale overflows);
+      gradients (with `gradients`): the summed gradients of the loop's last step, as the first local
+        replica holds them (the same on every replica), for histograms.
     """
     metric_names = tuple(task.train_metrics)
     names = metric_names + (("grad_norm",) if grad_norm else ())
-    if grad_norm or gradients:
-        nonfinite.keep_reduced_gradients(task.optimizer)
-    step_fn = _recording(_float32_outputs(task.train_step, metric_names, "train_step"), grad_norm, gradients)
-    replica_step = tf.function(step_fn, jit_compile=True) if jit_compile else step_fn
+    replica_step = _TrainStep(task, metric_names, accum_steps, jit_compile, grad_norm, gradients)
 
     @tf.function
     def train_loop(iterator, num_steps):
         totals = _zeros(names)
         steps = tf.constant(0, tf.int32)
         bad_steps = tf.constant(0, tf.int32)
-        last = [tf.zeros(v.shape, v.dtype) for v in task.model.trainable_variables] if gradients else []
+        skipped_updates = tf.constant(0, tf.int32)
+        last = [tf.zeros(v.shape, tf.float32) for v in task.model.trainable_variables] if gradients else []
         for _ in tf.range(num_steps):
-            outputs, gradients_finite, kept = strategy.run(replica_step, args=(next(iterator),))
+            outputs, bad, applied, kept = strategy.run(replica_step, args=(next(iterator),))
             step_totals = _reduce(strategy, outputs)
             if gradients:
                 local = [strategy.experimental_local_results(g)[0] for g in kept]
                 if len(local) == len(last):
-                    last = [tf.cast(g, v.dtype) for g, v in zip(local, last)]
-            # Already all-reduced in the step, so any local replica's copy is everyone's value.
-            # The gradient norm stays out of the check: the finite flag already covers gradients.
+                    last = [tf.cast(g, tf.float32) for g in local]
+            # Computed from summed values, so any local replica's copy is everyone's value. The
+            # gradient norm stays out of the check: `bad` already covers the gradients.
             checked = {k: v for k, v in step_totals.items() if k != "grad_norm"}
-            finite = tf.logical_and(strategy.experimental_local_results(gradients_finite)[0],
-                                    nonfinite.all_finite(tf.nest.flatten(checked)))
-            if not skip_nonfinite and not finite:
+            good = tf.logical_and(tf.logical_not(strategy.experimental_local_results(bad)[0]),
+                                  update.all_finite(tf.nest.flatten(checked)))
+            if not skip_nonfinite and not good:
                 bad_steps = tf.constant(1, tf.int32)
                 break
-            # A skipped step's (maybe NaN) metrics stay out of the totals.
-            totals = _add(totals, tf.nest.map_structure(lambda v: tf.where(finite, v, 0.0), step_totals))
-            bad_steps += 1 - tf.cast(finite, tf.int32)
+            # A bad step's (maybe NaN) metrics stay out of the totals.
+            totals = _add(totals, tf.nest.map_structure(lambda v: tf.where(good, v, 0.0), step_totals))
+            bad_steps += 1 - tf.cast(good, tf.int32)
+            skipped_updates += 1 - tf.cast(strategy.experimental_local_results(applied)[0], tf.int32)
             steps += 1
             global_step.assign_add(1)
+        result = {"totals": totals, "steps": steps, "bad_steps": bad_steps, "skipped_updates": skipped_updates}
         if gradients:
-            return totals, steps, bad_steps, last
-        return totals, steps, bad_steps
+            result["gradients"] = last
+        return result
 
     return train_loop
 

@@ -100,12 +100,16 @@ def _multi_worker(collective_timeout: float, gpus: list) -> Placement:
     )
 
 
-def per_replica_batch(global_batch: int, num_replicas: int) -> int:
-    """The batch each replica sees; a global batch that does not split evenly is an error."""
-    if global_batch % num_replicas:
+def per_replica_batch(global_batch: int, num_replicas: int, accum_steps: int = 1) -> int:
+    """The batch each replica sees; a global batch that does not split evenly (into replicas, and
+    each replica's share into `accum_steps` micro-batches) is an error."""
+    parts = num_replicas * accum_steps
+    if global_batch % parts:
+        into = f"the {num_replicas} replicas" + (f" x {accum_steps} micro-batches (--grad_accum_steps)"
+                                                 if accum_steps > 1 else "")
         raise UserError(
-            f"--global_batch={global_batch} is not divisible by the {num_replicas} replicas; "
-            f"use a multiple of {num_replicas} (e.g. {num_replicas * max(1, global_batch // num_replicas)})"
+            f"--global_batch={global_batch} is not divisible by {into}; "
+            f"use a multiple of {parts} (e.g. {parts * max(1, global_batch // parts)})"
         )
     return global_batch // num_replicas
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from engine import nonfinite
+from engine import update
 from engine.losses import replica_loss
 from engine.models import build_model
 from engine.optimizers import build_optimizer
@@ -49,6 +49,7 @@ class Task:
         self.optimizer: keras.optimizers.Optimizer | None = None  # idem, already built
         # Set by the engine: steps (global batches) trained so far, a tf.Variable readable in a step.
         self.global_step: tf.Variable | None = None
+        self.updater: update.Updater | None = None  # set by the engine: applies handed-over gradients
 
     @property
     def global_batch(self) -> int:
@@ -63,7 +64,9 @@ class Task:
 
     # ---- replica context ----
     def per_example_loss(self, labels, outputs):
-        return keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
+        # float32 even when a mixed-precision model's last layer computes in float16/bfloat16.
+        return keras.losses.sparse_categorical_crossentropy(labels, tf.cast(outputs, tf.float32),
+                                                            from_logits=True)
 
     def train_step(self, batch) -> dict:
         images, labels = batch
@@ -71,21 +74,28 @@ class Task:
             logits = self.model(images, training=True)
             per_example = self.per_example_loss(labels, logits)
             loss = replica_loss(per_example, self.global_batch, self.model.losses)
-        gradients = tape.gradient(loss, self.model.trainable_variables)
-        self.apply_gradients(gradients)
+            scaled_loss = self.scale_loss(loss)
+        self.apply_gradients(tape.gradient(scaled_loss, self.model.trainable_variables))
         return classification_metrics(labels, logits, per_example)
 
-    def apply_gradients(self, gradients, variables=None):
-        """The optimizer update, guarded: use it instead of self.optimizer.apply_gradients.
+    def scale_loss(self, loss):
+        """The loss to differentiate: times the dynamic loss scale under --precision=mixed_float16
+        (small float16 gradients would otherwise flush to zero), else the loss itself. The engine
+        divides the gradients by the same scale after summing them."""
+        return self.updater.scale(loss) if self.updater is not None else loss
 
-        Checks the gradients of every replica for NaN/Inf (one all-reduced flag), so the engine
-        can stop the run at the bad step (--on_nonfinite=stop) or skip it, leaving weights and
-        optimizer state untouched (--on_nonfinite=skip). Returns the flag (True: all finite).
+    def apply_gradients(self, gradients, variables=None):
+        """Hands this replica's gradients (of self.scale_loss(loss)) to the engine, once per step.
+
+        After train_step returns, the engine sums them over micro-batches (--grad_accum_steps) and
+        over ALL replicas and workers (one all-reduce), unscales them, checks them for NaN/Inf (a
+        bad step leaves weights and optimizer state untouched; --on_nonfinite says whether the run
+        stops), clips their global norm (--clip_norm) and applies them with self.optimizer.
         `variables` defaults to the model's trainable variables, in the order of `gradients`.
+        (Calling self.optimizer.apply_gradients yourself also works, without those guarantees.)
         """
         variables = self.model.trainable_variables if variables is None else variables
-        return nonfinite.apply_gradients(self.optimizer, gradients, variables,
-                                         skip=self.config.on_nonfinite == "skip")
+        update.hand_over(gradients, variables)
 
     def eval_step(self, batch) -> dict:
         images, labels = batch

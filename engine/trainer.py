@@ -28,6 +28,7 @@ from engine.progress import Progress, format_duration
 from engine.schedule import Schedule
 from engine.summaries import create_writers
 from engine.task_loader import load_task_class
+from engine.update import Updater
 from engine.watchdog import PeerWatchdog, collective_failure
 
 
@@ -56,11 +57,17 @@ def _banner(config, placement, data, per_replica, schedule, seed, model, start_s
         f"{', '.join(placement.devices)}",
         *([f"cluster      {placement.cluster.describe()}"] if placement.cluster else []),
         f"global batch {config.global_batch} = {placement.num_replicas} "
-        f"{'replica' if placement.num_replicas == 1 else 'replicas'} x {per_replica}",
+        f"{'replica' if placement.num_replicas == 1 else 'replicas'} x {per_replica}"
+        + (f" ({config.grad_accum_steps} micro-batches of {per_replica // config.grad_accum_steps} per replica, "
+           "one update)" if config.grad_accum_steps > 1 else ""),
+        f"update       {config.optimizer}, precision {config.precision}"
+        + (f", clip global norm {config.clip_norm}" if config.clip_norm else "")
+        + (f", weight decay {config.weight_decay}" if config.weight_decay else "")
+        + (f", learning rate {config.lr_schedule}" if config.lr_schedule != "constant" else ""),
         f"data         {data.name}: {len(data.train_images)} train / {len(data.test_images)} test "
         f"images {data.image_shape}, from {data.source}",
         f"model        {config.model} ({model.count_params():,} parameters), task {config.task}, "
-        f"optimizer {config.optimizer}, input {config.input_mode}",
+        f"input {config.input_mode}",
         f"schedule     {schedule.total_steps} steps ({schedule.total_steps / schedule.steps_per_epoch:.2f} "
         f"epochs of {schedule.steps_per_epoch}), {schedule.steps_per_loop} steps per compiled loop, "
         f"eval every {schedule.eval_interval}, checkpoint every {schedule.checkpoint_interval}",
@@ -79,14 +86,30 @@ def _banner(config, placement, data, per_replica, schedule, seed, model, start_s
     out.flush()
 
 
+def build_task(strategy, task) -> None:
+    """Inside strategy.scope(): the Task's model, its optimizer (built: invariant 1) and the
+    engine's updater, every variable checked to be in the scope."""
+    task.model = task.build_model()
+    strategy_lib.check_variables_in_scope(strategy, task.model.variables)
+    task.optimizer = task.build_optimizer()
+    task.optimizer.build(task.model.trainable_variables)
+    strategy_lib.check_variables_in_scope(strategy, task.optimizer.variables)
+    task.updater = Updater(task.optimizer, loss_scaling=task.config.precision == "mixed_float16",
+                           clip_norm=task.config.clip_norm)
+
+
 def train(config, out=None) -> RunResult:
     """Runs one training job as `config` says; returns what it achieved."""
+    previous_policy = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_dtype_policy(config.precision)  # layers built from here on use it
     try:
         return _train(config, out or sys.stdout)
     except tf.errors.OpError as err:
         if config.strategy != "multi_worker_mirrored":
             raise
         raise collective_failure(err, parse_tf_config(os.environ.get("TF_CONFIG"))) from None
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous_policy)
 
 
 def _train(config, out) -> RunResult:
@@ -96,7 +119,8 @@ def _train(config, out) -> RunResult:
     strategy = placement.strategy
     if placement.is_chief:
         run_record.create_model_dir(config.model_dir)
-    per_replica = strategy_lib.per_replica_batch(config.global_batch, placement.num_replicas)
+    per_replica = strategy_lib.per_replica_batch(config.global_batch, placement.num_replicas,
+                                                 config.grad_accum_steps)
     seed = config.seed if config.seed is not None else random.randrange(2**31)
     cluster = placement.cluster
     if cluster is not None:
@@ -124,22 +148,19 @@ def _train(config, out) -> RunResult:
     task = load_task_class(config.task)(config, input_shape=data.image_shape, num_classes=data.num_classes)
 
     with strategy.scope():
-        task.model = task.build_model()
-        strategy_lib.check_variables_in_scope(strategy, task.model.variables)
-        task.optimizer = task.build_optimizer()
-        task.optimizer.build(task.model.trainable_variables)
+        build_task(strategy, task)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch",
                             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         seed_variable = tf.Variable(seed, dtype=tf.int64, trainable=False, name="seed",
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-    strategy_lib.check_variables_in_scope(strategy, task.optimizer.variables)
     task.global_step = global_step
 
     checkpointer = Checkpointer(
         config.model_dir, placement.is_chief, config.keep_checkpoints,
         model=task.model, optimizer=task.optimizer, global_step=global_step, epoch=epoch, seed=seed_variable,
+        **task.updater.checkpoint_items(),
     )
     checkpoint_path = checkpointer.restore_latest()
     start_step = int(global_step.numpy())
@@ -160,7 +181,8 @@ def _train(config, out) -> RunResult:
         data_lib.eval_dataset(data.test_images, data.test_labels, config.global_batch)
     )
     histograms = config.histogram_every > 0
-    train_loop = make_train_loop(strategy, task, global_step, jit_compile=config.jit_compile,
+    train_loop = make_train_loop(strategy, task, global_step, accum_steps=config.grad_accum_steps,
+                                 jit_compile=config.jit_compile,
                                  skip_nonfinite=config.on_nonfinite == "skip",
                                  grad_norm=config.summaries == "full", gradients=histograms)
     eval_loop = make_eval_loop(strategy, task)
@@ -208,16 +230,16 @@ def _train(config, out) -> RunResult:
                 first_call = first_loop_seconds is None
                 monitor.before_loop(step, first_call)
                 loop_start = time.perf_counter()
-                totals, ran, bad, *last_gradients = train_loop(iterator, tf.constant(num_steps, dtype=tf.int32))
+                result = train_loop(iterator, tf.constant(num_steps, dtype=tf.int32))
                 seconds = time.perf_counter() - loop_start
-                ran, bad = int(ran.numpy()), int(bad.numpy())
+                ran, bad = int(result["steps"].numpy()), int(result["bad_steps"].numpy())
                 if config.on_nonfinite == "stop" and bad:
                     raise NonFiniteLoss(
                         f"non-finite loss or gradient at step {step + ran + 1} (NaN or Inf on at least one "
                         f"replica); nothing saved after step {saved_step}"
                         + (f" ({checkpoint_path})" if checkpoint_path else "")
                         + "; lower --learning_rate, check the data, or use --on_nonfinite=skip")
-                train_metrics = ratios(totals)
+                train_metrics = ratios(result["totals"])
                 if math.isnan(train_metrics.get("grad_norm", 0.0)):
                     del train_metrics["grad_norm"]  # nan: the Task applied no gradients via apply_gradients
                 skipped_steps += bad
@@ -234,12 +256,13 @@ def _train(config, out) -> RunResult:
                 examples_per_sec = num_steps * config.global_batch / seconds
                 writers["train"].write_scalars(step, {
                     **train_metrics,
+                    **_update_scalars(task.updater, result),
                     "learning_rate": _scalar(task.optimizer.learning_rate),
                     "steps_per_sec": num_steps / seconds,
                     "examples_per_sec": examples_per_sec,
                     "loop_seconds": seconds,
                 })
-                monitor.after_loop(step, first_call, last_gradients[0] if last_gradients else None)
+                monitor.after_loop(step, first_call, result.get("gradients"))
                 progress.update(step, train_metrics, examples_per_sec)
                 if schedule.eval_due(step):
                     eval_metrics = evaluate(step)
@@ -275,6 +298,14 @@ def _train(config, out) -> RunResult:
     if placement.is_chief:
         _summary(result, out)
     return result
+
+
+def _update_scalars(updater, result) -> dict:
+    """Loss scale and updates skipped in the loop (overflows, bad steps), when loss scaling is on."""
+    if not updater.loss_scaling:
+        return {}
+    return {"loss_scale": _scalar(updater.loss_scale),
+            "skipped_updates": float(result["skipped_updates"].numpy())}
 
 
 def _config_markdown(config, run_facts: dict) -> str:

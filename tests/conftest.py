@@ -39,6 +39,18 @@ def exported_weights(model_dir) -> list:
     return [w.numpy() if hasattr(w, "numpy") else np.asarray(w) for w in model.weights]
 
 
+def tensorboard_scalars(logdir) -> dict:
+    """{tag: [(step, value), ...]} of the scalars in a TensorBoard log directory."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    accumulator = event_accumulator.EventAccumulator(str(logdir), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    # tf.summary.* in TF 2 writes tensor events; EventAccumulator lists them under "tensors".
+    return {tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
+            for tag in accumulator.Tags()["tensors"]
+            if accumulator.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"}
+
+
 def run_cli(*args, timeout=240, env=None):
     """Runs `python run.py args...` in a fresh process; returns the CompletedProcess."""
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))

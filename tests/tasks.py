@@ -58,12 +58,13 @@ class FailOnWorkerOneTask(Task):
         super().__init__(config, **kwargs)
 
 
-def _nan_on_last_replica_at(task, step):
-    """NaN on the last replica while global_step == step (the update to step + 1), else 1.0."""
+def _nan_on_last_replica_at(task, step, value=float("nan")):
+    """`value` (NaN) on the last replica while global_step == step (the update to step + 1), else 1.0.
+    Under MultiWorkerMirrored with 1 replica per worker, the last replica is the last worker's."""
     context = tf.distribute.get_replica_context()
     last = tf.equal(context.replica_id_in_sync_group, context.num_replicas_in_sync - 1)
     bad = tf.logical_and(last, tf.equal(task.global_step, step))
-    return tf.where(bad, float("nan"), 1.0)
+    return tf.where(bad, value, 1.0)
 
 
 class NanGradientTask(Task):
@@ -74,6 +75,29 @@ class NanGradientTask(Task):
     def apply_gradients(self, gradients, variables=None):
         poison = _nan_on_last_replica_at(self, self.nan_at_step)
         return super().apply_gradients([g * poison for g in gradients], variables)
+
+
+class InfGradientTask(Task):
+    """The last replica's gradients are +Inf at step 2 (as a float16 overflow on one replica would be)."""
+
+    inf_at_step = 2
+
+    def apply_gradients(self, gradients, variables=None):
+        poison = _nan_on_last_replica_at(self, self.inf_at_step, float("inf"))
+        return super().apply_gradients([g * poison for g in gradients], variables)
+
+
+class UnscaledLossTask(Task):
+    """Forgets self.scale_loss: wrong under --precision=mixed_float16, which the engine must refuse."""
+
+    def train_step(self, batch):
+        images, labels = batch
+        with tf.GradientTape() as tape:
+            per_example = self.per_example_loss(labels, self.model(images, training=True))
+            loss = tf.reduce_sum(per_example) / self.global_batch
+        self.apply_gradients(tape.gradient(loss, self.model.trainable_variables))
+        return {"loss": (tf.reduce_sum(per_example), tf.cast(tf.size(per_example), tf.float32)),
+                "accuracy": (tf.constant(0.0), tf.cast(tf.size(per_example), tf.float32))}
 
 
 class NanLossTask(Task):

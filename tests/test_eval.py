@@ -13,7 +13,7 @@ from engine.data import synthetic_arrays
 from engine.errors import UserError
 from engine.loop import make_eval_loop, make_train_loop
 from engine.task import Task
-from engine.trainer import train
+from engine.trainer import build_task, train
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
@@ -57,9 +57,7 @@ def test_train_loop_traces_once_for_any_loop_length():
     config = small_config("/unused")
     task = Task(config, input_shape=(28, 28, 1), num_classes=10)
     with strategy.scope():
-        task.model = task.build_model()
-        task.optimizer = task.build_optimizer()
-        task.optimizer.build(task.model.trainable_variables)
+        build_task(strategy, task)
         step = tf.Variable(0, dtype=tf.int64, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     from engine.data import train_dataset
 
@@ -67,9 +65,9 @@ def test_train_loop_traces_once_for_any_loop_length():
     iterator = iter(strategy.experimental_distribute_dataset(train_dataset(images, labels, 64, seed=1)))
     loop = make_train_loop(strategy, task, step)
     for num_steps in (1, 3, 2, 5):
-        totals, steps, bad_steps = loop(iterator, tf.constant(num_steps))
-        assert int(steps) == num_steps and int(bad_steps) == 0
-        assert float(totals["loss"][1]) == num_steps * 64
+        result = loop(iterator, tf.constant(num_steps))
+        assert int(result["steps"]) == num_steps and int(result["bad_steps"]) == 0
+        assert float(result["totals"]["loss"][1]) == num_steps * 64
     assert loop.experimental_get_tracing_count() == 1
     assert int(step.numpy()) == 11
 
