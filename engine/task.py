@@ -50,6 +50,8 @@ class Task:
         # Set by the engine: steps (global batches) trained so far, a tf.Variable readable in a step.
         self.global_step: tf.Variable | None = None
         self.updater: update.Updater | None = None  # set by the engine: applies handed-over gradients
+        # Set by the engine before build_optimizer(): the run's total optimizer updates (schedules).
+        self.total_steps: int | None = None
 
     @property
     def global_batch(self) -> int:
@@ -60,7 +62,7 @@ class Task:
         return build_model(self.config.model, self.input_shape, self.num_classes)
 
     def build_optimizer(self) -> keras.optimizers.Optimizer:
-        return build_optimizer(self.config.optimizer, self.config.learning_rate)
+        return build_optimizer(self.config, self.total_steps)
 
     # ---- replica context ----
     def per_example_loss(self, labels, outputs):

@@ -146,6 +146,7 @@ def _train(config, out) -> RunResult:
         marks=parse_profile_steps(config.profile_steps) or (),
     )
     task = load_task_class(config.task)(config, input_shape=data.image_shape, num_classes=data.num_classes)
+    task.total_steps = schedule.total_steps
 
     with strategy.scope():
         build_task(strategy, task)
