@@ -23,6 +23,7 @@ from engine import nonfinite
 from engine.losses import replica_loss
 from engine.models import build_model
 from engine.optimizers import build_optimizer
+from engine.randomness import replica_seed
 
 
 def classification_metrics(labels, logits, per_example_loss) -> dict:
@@ -49,6 +50,7 @@ class Task:
         self.optimizer: keras.optimizers.Optimizer | None = None  # idem, already built
         # Set by the engine: steps (global batches) trained so far, a tf.Variable readable in a step.
         self.global_step: tf.Variable | None = None
+        self.seed: int | None = None  # set by the engine: the run's seed (a resumed run's own)
 
     @property
     def global_batch(self) -> int:
@@ -86,6 +88,11 @@ class Task:
         variables = self.model.trainable_variables if variables is None else variables
         return nonfinite.apply_gradients(self.optimizer, gradients, variables,
                                          skip=self.config.on_nonfinite == "skip")
+
+    def random_seed(self, salt=0):
+        """A [2] int32 seed for tf.random.stateless_* ops in a step: differs per replica and per
+        step, repeats with --seed. Use a different `salt` for each independent draw in one step."""
+        return replica_seed(self.seed, self.global_step, salt)
 
     def eval_step(self, batch) -> dict:
         images, labels = batch
