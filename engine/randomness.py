@@ -107,6 +107,9 @@ def replica_seed(global_seed: int, step, salt=0):
     Use a different `salt` for each independent draw within one step. Outside replica context (or
     with one replica) the replica id is 0.
     """
+    if global_seed is None or step is None:
+        raise ValueError("replica_seed needs the run's seed and step (Task.seed and Task.global_step, "
+                         "which the engine sets before the first step)")
     base = tf.stack([tf.constant(int(global_seed) % _INT32_RANGE, tf.int32),
                      tf.cast(tf.math.floormod(tf.cast(salt, tf.int64), _INT32_RANGE), tf.int32)])
     step = tf.cast(tf.math.floormod(tf.cast(step, tf.int64), _INT32_RANGE), tf.int32)

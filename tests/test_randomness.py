@@ -7,6 +7,7 @@ import os
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from conftest import TEST_TASKS, exported_weights, small_config
@@ -56,6 +57,8 @@ def test_dropout_masks_differ_per_replica_only_with_the_wrapper():
 def test_task_random_seed_differs_per_replica_and_step():
     strategy = _strategy(2)
     task = Task(small_config("unused"), input_shape=(4,), num_classes=2)
+    with pytest.raises(ValueError, match="Task.seed"):
+        task.random_seed()  # not set yet: the engine sets it
     task.seed = 3
     with strategy.scope():
         task.global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
