@@ -23,6 +23,7 @@ from engine import update
 from engine.losses import replica_loss
 from engine.models import build_model
 from engine.optimizers import build_optimizer
+from engine.randomness import replica_seed
 
 
 def classification_metrics(labels, logits, per_example_loss) -> dict:
@@ -52,6 +53,7 @@ class Task:
         self.updater: update.Updater | None = None  # set by the engine: applies handed-over gradients
         # Set by the engine before build_optimizer(): the run's total optimizer updates (schedules).
         self.total_steps: int | None = None
+        self.seed: int | None = None  # set by the engine: the run's seed (a resumed run's own)
 
     @property
     def global_batch(self) -> int:
@@ -98,6 +100,11 @@ class Task:
         """
         variables = self.model.trainable_variables if variables is None else variables
         update.hand_over(gradients, variables)
+
+    def random_seed(self, salt=0):
+        """A [2] int32 seed for tf.random.stateless_* ops in a step: differs per replica and per
+        step, repeats with --seed. Use a different `salt` for each independent draw in one step."""
+        return replica_seed(self.seed, self.global_step, salt)
 
     def eval_step(self, batch) -> dict:
         images, labels = batch

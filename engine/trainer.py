@@ -25,6 +25,7 @@ from engine.loop import make_eval_loop, make_train_loop, ratios
 from engine.monitor import Monitor, parse_profile_steps
 from engine.preemption import Watch
 from engine.progress import Progress, format_duration
+from engine.randomness import per_replica_randomness
 from engine.schedule import Schedule
 from engine.summaries import create_writers
 from engine.task_loader import load_task_class
@@ -90,6 +91,7 @@ def build_task(strategy, task) -> None:
     """Inside strategy.scope(): the Task's model, its optimizer (built: invariant 1) and the
     engine's updater, every variable checked to be in the scope."""
     task.model = task.build_model()
+    per_replica_randomness(task.model)  # Dropout & co. draw differently on each replica
     strategy_lib.check_variables_in_scope(strategy, task.model.variables)
     task.optimizer = task.build_optimizer()
     task.optimizer.build(task.model.trainable_variables)
@@ -168,6 +170,7 @@ def _train(config, out) -> RunResult:
     if int(seed_variable.numpy()) != seed:  # a resumed run keeps its seed, so its data order
         seed = int(seed_variable.numpy())
         keras.utils.set_random_seed(seed)  # other randomness (initialisers, dropout) follows it too
+    task.seed = seed
     _banner(config, placement, data, per_replica, schedule, seed, task.model, start_step, out)
 
     run_facts = {"engine_version": __version__, "replicas": placement.num_replicas, "effective_seed": seed}

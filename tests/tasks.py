@@ -110,3 +110,24 @@ class NanLossTask(Task):
 
     def per_example_loss(self, labels, outputs):
         return super().per_example_loss(labels, outputs) * _nan_on_last_replica_at(self, self.nan_at_step)
+
+
+class DropoutTask(Task):
+    """A small MLP with Dropout, trained on inputs with Gaussian noise drawn from Task.random_seed:
+    both random ops must differ per replica and repeat with --seed."""
+
+    def build_model(self):
+        import keras
+
+        return keras.Sequential([
+            keras.Input(shape=self.input_shape),
+            keras.layers.Flatten(),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dropout(0.5),
+            keras.layers.Dense(self.num_classes, dtype="float32"),
+        ], name="dropout_mlp")
+
+    def train_step(self, batch):
+        images, labels = batch
+        noise = tf.random.stateless_normal(tf.shape(images), seed=self.random_seed(), dtype=images.dtype)
+        return super().train_step((images + 0.1 * noise, labels))
