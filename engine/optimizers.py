@@ -71,3 +71,12 @@ def build_optimizer(config, total_steps: int | None) -> keras.optimizers.Optimiz
     optimizer = decoupled(learning_rate=learning_rate, weight_decay=decay)
     optimizer.exclude_from_weight_decay(var_names=[NO_DECAY])  # before build, or Keras refuses
     return optimizer
+
+
+def constant_rate(optimizer) -> float | None:
+    """The optimizer's learning rate when it is a constant (Keras keeps it in a variable, which a
+    checkpoint restores); None when it follows a schedule."""
+    rate = getattr(optimizer, "_learning_rate", None)
+    if rate is None or isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        return None
+    return float(keras.ops.convert_to_numpy(rate))

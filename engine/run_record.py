@@ -18,7 +18,8 @@ from engine.errors import UserError
 
 FILE_NAME = "config.json"
 # Resuming with a different value of one of these is an error (--allow_config_change overrides).
-RECORDED_IDENTITY = ("model", "dataset", "global_batch", "task")
+# model, optimizer, lr_schedule and precision also decide which variables the checkpoint holds.
+RECORDED_IDENTITY = ("model", "dataset", "global_batch", "task", "optimizer", "lr_schedule", "precision")
 
 
 def path(model_dir: str) -> str:

@@ -25,7 +25,8 @@ from engine.loop import make_eval_loop, make_train_loop, ratios
 from engine.monitor import Monitor, parse_profile_steps
 from engine.preemption import Watch
 from engine.progress import Progress, format_duration
-from engine.randomness import per_replica_randomness
+from engine.optimizers import constant_rate
+from engine.randomness import per_replica_randomness, seed_generators
 from engine.schedule import Schedule
 from engine.summaries import create_writers
 from engine.task_loader import load_task_class
@@ -164,8 +165,13 @@ def _train(config, out) -> RunResult:
         config.model_dir, placement.is_chief, config.keep_checkpoints,
         model=task.model, optimizer=task.optimizer, global_step=global_step, epoch=epoch, seed=seed_variable,
         **task.updater.checkpoint_items(),
+        # Dropout & co.: a resumed run continues their random streams instead of restarting them.
+        random_states=[generator.state.value for generator in seed_generators(task.model)],
     )
+    configured_rate = constant_rate(task.optimizer)
     checkpoint_path = checkpointer.restore_latest()
+    if configured_rate is not None:  # this run's --learning_rate, not the one the checkpoint holds
+        task.optimizer.learning_rate = configured_rate
     start_step = int(global_step.numpy())
     if int(seed_variable.numpy()) != seed:  # a resumed run keeps its seed, so its data order
         seed = int(seed_variable.numpy())

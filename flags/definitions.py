@@ -136,8 +136,8 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
     absl_flags.DEFINE_boolean("export", True, "Save the trained model in Keras format at the end.", **f)
     absl_flags.DEFINE_boolean(
         "allow_config_change", False,
-        "Resume a --model_dir even though --model, --dataset, --global_batch or --task differ from "
-        "its config.json (the checkpoint must still match the model).", **f)
+        "Resume a --model_dir even though --model, --dataset, --global_batch, --task, --optimizer, "
+        "--lr_schedule or --precision differ from its config.json (the checkpoint must still match).", **f)
     # TensorBoard extras.
     absl_flags.DEFINE_enum(
         "summaries", "full", ("full", "basic"),

@@ -9,9 +9,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorboard.backend.event_processing import event_accumulator
 
-from conftest import exported_weights, small_config
+from conftest import exported_weights, small_config, tensorboard_scalars
 from engine.errors import UserError
 from engine.optimizers import build_optimizer
 from engine.trainer import train
@@ -65,9 +64,7 @@ def test_default_rate_is_the_optimizers(tmp_path):
 
 
 def _logged(logdir, tag):
-    accumulator = event_accumulator.EventAccumulator(str(logdir), size_guidance={"tensors": 0})
-    accumulator.Reload()
-    return {e.step: float(tf.make_ndarray(e.tensor_proto)) for e in accumulator.Tensors(tag)}
+    return dict(tensorboard_scalars(logdir)[tag])
 
 
 def test_engine_logs_the_scheduled_rate(tmp_path):
@@ -158,3 +155,12 @@ def test_warmup_misuse_is_a_user_error(schedule, warmup, message):
 def test_engine_checks_warmup_against_the_runs_steps(tmp_path):
     with pytest.raises(UserError, match="the run's 6 steps; got --warmup_steps=6"):
         train(small_config(tmp_path, model="mlp", lr_schedule="warmup_cosine", warmup_steps=6), **QUIET)
+
+
+def test_a_resumed_run_uses_its_own_learning_rate(tmp_path):
+    """Keras keeps a constant rate in a variable the checkpoint restores; the new flag must win."""
+    config = small_config(tmp_path, model="mlp", learning_rate=0.01, train_steps=3, steps_per_loop=3)
+    train(config, out=open(os.devnull, "w"))
+    train(config.replace(learning_rate=0.5, train_steps=6), out=open(os.devnull, "w"))
+    rates = _logged(tmp_path / "train", "learning_rate")
+    assert rates[3] == pytest.approx(0.01) and rates[6] == pytest.approx(0.5)

@@ -12,7 +12,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from conftest import small_config
+from conftest import TEST_TASKS, small_config
 from engine.trainer import train
 
 # 1024 examples / batch 64 = 16 steps per epoch; loops of 3 steps.
@@ -50,6 +50,8 @@ def test_resume_one_replica_deterministic_is_bitwise(tmp_path):
 
 
 def test_resume_two_replicas_matches_within_tolerance(tmp_path):
-    stopped, straight = _stopped_and_straight(tmp_path, strategy="mirrored", cpu_replicas=2)
+    """With Dropout and Task.random_seed noise: the random streams continue where they stopped."""
+    stopped, straight = _stopped_and_straight(tmp_path, strategy="mirrored", cpu_replicas=2,
+                                              task=f"{TEST_TASKS}:DropoutTask")
     for name in stopped:
         np.testing.assert_allclose(stopped[name], straight[name], rtol=1e-5, atol=1e-6, err_msg=name)
