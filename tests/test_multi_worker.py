@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from conftest import REPO, TEST_TASKS, exported_weights, run_cli, small_config
+from conftest import REPO, TEST_TASKS, exported_weights, run_cli, small_config, tensorboard_scalars
 from engine.launch import worker_tf_configs
 from engine.trainer import train
+from engine.update import INITIAL_LOSS_SCALE
+from test_resume import checkpoint_state
 
 # The same run as conftest.small_config(model="mlp"), as flags.
 ARGS = ["--dataset=synthetic", "--synthetic_train_examples=1024", "--synthetic_test_examples=300",
@@ -57,11 +59,13 @@ def _assert_same(a, b):
         np.testing.assert_allclose(x, y, atol=1e-5)
 
 
-@pytest.mark.parametrize("input_mode", ["distribute_dataset", "per_worker"])
-def test_worker_layouts_train_alike(tmp_path, input_mode):
-    """2 workers x 1 replica == 1 worker x 2 replicas == 1 worker x 1 replica."""
+@pytest.mark.parametrize("input_mode, accumulate", [("distribute_dataset", 1), ("per_worker", 2)])
+def test_worker_layouts_train_alike(tmp_path, input_mode, accumulate):
+    """2 workers x 1 replica == 1 worker x 2 replicas == 1 worker x 1 replica; the 2 workers also
+    with 2 accumulated micro-batches each (their sum is the same update)."""
     launched = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", f"--input_mode={input_mode}",
-                       *ARGS, f"--model_dir={tmp_path / 'two_workers'}", "--export", timeout=180)
+                       f"--grad_accum_steps={accumulate}", *ARGS, f"--model_dir={tmp_path / 'two_workers'}",
+                       "--export", timeout=180)
     assert launched.returncode == 0, launched.stdout[-3000:]
     assert "[worker 0] global batch 64 = 2 replicas x 32" in launched.stdout
     assert "[worker 1] agreement    all 2 workers run the same flags" in launched.stdout
@@ -71,6 +75,19 @@ def test_worker_layouts_train_alike(tmp_path, input_mode):
     one_by_one = _single_process_weights(tmp_path, "one_by_one", input_mode=input_mode)
     _assert_same(two_workers, one_by_one)
     _assert_same(one_by_two, one_by_one)
+
+
+def test_float16_overflow_on_one_worker_skips_everywhere_without_a_hang(tmp_path):
+    """Worker 1's gradients are +Inf at step 3, worker 0's are clean (float16, loss scaling, 2
+    micro-batches): both skip that update (the check is on the summed gradients) and finish."""
+    launched = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", "--precision=mixed_float16",
+                       "--grad_accum_steps=2", f"--task={TEST_TASKS}:InfGradientTask", *ARGS,
+                       f"--model_dir={tmp_path}", timeout=180)
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+    state = checkpoint_state(tmp_path)
+    assert all(np.all(np.isfinite(v)) for v in state.values())
+    assert int(state["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 5  # 6 steps, 1 skipped
+    assert dict(tensorboard_scalars(tmp_path / "train")["loss_scale"])[3] == INITIAL_LOSS_SCALE / 2
 
 
 def test_only_the_chief_writes(tmp_path):
