@@ -64,7 +64,8 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
                              "Keras MNIST example's CNN), mlp.", **f)
     absl_flags.DEFINE_string(
         "task", "classification",
-        "The step functions: a registered name (classification), package.module:Class or "
+        "The step functions: a registered name (classification; label_smoothing, the worked example in "
+        "engine/label_smoothing.py), package.module:Class or "
         "path/to/file.py:Class (a subclass of engine.task.Task).", **f)
     absl_flags.DEFINE_enum("optimizer", "adam", OPTIMIZERS, "Optimizer.", **f)
     absl_flags.DEFINE_float(

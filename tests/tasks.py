@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from engine.label_smoothing import LabelSmoothingTask
 from engine.losses import per_replica_mean_loss
 from engine.task import Task, classification_metrics
 
@@ -131,3 +132,11 @@ class DropoutTask(Task):
         images, labels = batch
         noise = tf.random.stateless_normal(tf.shape(images), seed=self.random_seed(), dtype=images.dtype)
         return super().train_step((images + 0.1 * noise, labels))
+
+
+class QuietLabelSmoothingTask(LabelSmoothingTask):
+    """The worked example without its input noise (then N replicas must train like one) and with a
+    penalty strong enough that counting it once per replica would show in the weights."""
+
+    INPUT_NOISE = 0.0
+    PENALTY = 0.1
