@@ -13,7 +13,8 @@ from engine.data import synthetic_arrays
 from engine.errors import UserError
 from engine.loop import make_eval_loop, make_train_loop
 from engine.task import Task
-from engine.trainer import build_task, train
+from engine.state import build_task
+from engine.trainer import train
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
