@@ -62,7 +62,7 @@ def main(argv) -> int:
         train(config)
         return 0
     except StopRun as err:  # UserError (2), Preempted (3), NonFiniteLoss (4)
-        message, exit_code = f"{err.prefix}: {err}", err.exit_code
+        message, exit_code = f"{err.prefix}: {err.message}", err.exit_code
     # `err` and the trainer's frames are gone now; collect them so TensorFlow's clean-up warnings
     # (e.g. "deleted with unrestored values" after a failed restore) come before the error line.
     import gc

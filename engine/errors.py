@@ -2,10 +2,20 @@
 
 
 class StopRun(Exception):
-    """Ends the run without a traceback: run.py prints `<prefix>: <message>` and exits exit_code."""
+    """Ends the run without a traceback: run.py prints `<prefix>: <message>` and exits exit_code.
+
+    (No custom __init__: autograph re-creates exceptions raised while tracing a step as
+    type(err)(augmented message), and fails on any other constructor.)"""
 
     exit_code = 1
     prefix = "error"
+
+    @property
+    def message(self) -> str:
+        """The message as raised: without the "in user code:" trace autograph adds when the
+        error was raised while a step was being traced."""
+        metadata = getattr(self, "ag_error_metadata", None)
+        return getattr(metadata, "cause_message", None) or str(self)
 
 
 class UserError(StopRun):
