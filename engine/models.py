@@ -67,13 +67,13 @@ def cnn_bn(input_shape, num_classes, *, dropout=0.3, synchronized=True, momentum
             keras.Input(shape=input_shape),
             *block(32, "block1"),
             *block(64, "block2"),
-            keras.layers.Flatten(),
-            keras.layers.Dropout(dropout),
-            keras.layers.Dense(128, activation="relu"),
-            keras.layers.Dropout(dropout),
-            keras.layers.Dense(num_classes, dtype="float32"),
+            keras.layers.Flatten(name="flatten"),
+            keras.layers.Dropout(dropout, name="dropout1"),
+            keras.layers.Dense(128, activation="relu", name="dense"),
+            keras.layers.Dropout(dropout, name="dropout2"),
+            keras.layers.Dense(num_classes, dtype="float32", name="logits"),
         ],
-        name="cnn_bn",
+        name="cnn_bn",  # every layer named: weight paths are the same in every build
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from engine.losses import per_replica_mean_loss
+from engine.models import cnn_bn
 from engine.task import Task, classification_metrics
 
 
@@ -86,3 +87,21 @@ class NanLossTask(Task):
 
     def per_example_loss(self, labels, outputs):
         return super().per_example_loss(labels, outputs) * _nan_on_last_replica_at(self, self.nan_at_step)
+
+
+class CnnBnNoDropoutTask(Task):
+    """cnn_bn without dropout (Keras draws a dropout mask per replica slice, so masks depend on the
+    replica count) and with fast-moving batch-norm statistics (momentum 0.5), so that a few steps
+    show whether the statistics are those of the global batch."""
+
+    synchronized = True
+
+    def build_model(self):
+        return cnn_bn(self.input_shape, self.num_classes, dropout=0.0, momentum=0.5,
+                      synchronized=self.synchronized)
+
+
+class UnsyncedCnnBnNoDropoutTask(CnnBnNoDropoutTask):
+    """The same with each replica normalising by its own slice of the batch."""
+
+    synchronized = False
