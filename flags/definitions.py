@@ -62,7 +62,7 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
     # Model, task, optimizer.
     absl_flags.DEFINE_string("model", "cnn", "Model from the registry in engine/models.py: cnn (the "
                              "Keras MNIST example's CNN), cnn_bn (2 conv blocks, batch norm synchronised "
-                             "across replicas, dropout: ~0.92 on fashion_mnist), mlp.", **f)
+                             "across replicas, dropout: 0.91-0.92 on fashion_mnist), mlp.", **f)
     absl_flags.DEFINE_string(
         "task", "classification",
         "The step functions: a registered name (classification), package.module:Class or "
