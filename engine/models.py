@@ -36,7 +36,52 @@ def mlp(input_shape, num_classes):
     )
 
 
-MODELS = {"cnn": seed_cnn, "mlp": mlp}
+def cnn_bn(input_shape, num_classes, *, dropout=0.3, synchronized=True, momentum=0.9):
+    """Two conv blocks with batch norm, for Fashion-MNIST (0.91-0.92 test accuracy in 15 epochs).
+
+    [conv 32 3x3 same, no bias -> batch norm -> relu -> max-pool 2] -> [the same with 64 filters]
+    -> flatten -> dropout -> dense 128 relu -> dropout -> dense `num_classes` (float32 logits).
+    About 4.2 M multiply-adds per 28x28 example forward (the 64-filter conv is 85% of them), so
+    roughly 25 MFLOP per trained example: 5x the seed CNN.
+
+    `synchronized=True` makes batch norm use the statistics of the GLOBAL batch: each replica's
+    sums are all-reduced (across workers too) inside the layer, so N replicas normalise, and update
+    the moving mean/variance, exactly as one replica fed the whole batch. With False, each replica
+    normalises by its own slice, and its copy of the moving statistics drifts from the others
+    (Keras creates them with aggregation NONE); the checkpoint keeps only replica 0's copy.
+    Under no strategy (or one replica) both settings compute the same thing.
+    `dropout` is the rate of both dropout layers (0: none). `momentum` is batch norm's moving-average
+    momentum: 0.9, not Keras's 0.99, because with a constant learning rate the weights move faster
+    than a ~100-step average follows, and evaluation (which uses the moving statistics) suffered:
+    at 0.99 one run's final test accuracy rose from 0.909 to 0.917 just by recomputing the
+    statistics over training images (at 0.9: 0.916 -> 0.919), and after epoch 1 it was 0.830
+    (0.874 at 0.9).
+    """
+
+    def block(filters, name):
+        return [
+            keras.layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"{name}_conv"),
+            keras.layers.BatchNormalization(synchronized=synchronized, momentum=momentum, name=f"{name}_bn"),
+            keras.layers.ReLU(name=f"{name}_relu"),
+            keras.layers.MaxPooling2D(2, name=f"{name}_pool"),
+        ]
+
+    return keras.Sequential(
+        [
+            keras.Input(shape=input_shape),
+            *block(32, "block1"),
+            *block(64, "block2"),
+            keras.layers.Flatten(name="flatten"),
+            keras.layers.Dropout(dropout, name="dropout1"),
+            keras.layers.Dense(128, activation="relu", name="dense"),
+            keras.layers.Dropout(dropout, name="dropout2"),
+            keras.layers.Dense(num_classes, dtype="float32", name="logits"),
+        ],
+        name="cnn_bn",  # every layer named: weight paths are the same in every build
+    )
+
+
+MODELS = {"cnn": seed_cnn, "cnn_bn": cnn_bn, "mlp": mlp}
 
 
 def build_model(name: str, input_shape, num_classes: int) -> keras.Model:

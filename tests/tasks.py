@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from engine.label_smoothing import LabelSmoothingTask
 from engine.losses import per_replica_mean_loss
+from engine.models import cnn_bn
 from engine.task import Task, classification_metrics
 
 
@@ -140,3 +141,21 @@ class QuietLabelSmoothingTask(LabelSmoothingTask):
 
     INPUT_NOISE = 0.0
     PENALTY = 0.1
+
+
+class CnnBnNoDropoutTask(Task):
+    """cnn_bn without dropout (Keras draws a dropout mask per replica slice, so masks depend on the
+    replica count) and with fast-moving batch-norm statistics (momentum 0.5), so that a few steps
+    show whether the statistics are those of the global batch."""
+
+    synchronized = True
+
+    def build_model(self):
+        return cnn_bn(self.input_shape, self.num_classes, dropout=0.0, momentum=0.5,
+                      synchronized=self.synchronized)
+
+
+class UnsyncedCnnBnNoDropoutTask(CnnBnNoDropoutTask):
+    """The same with each replica normalising by its own slice of the batch."""
+
+    synchronized = False
