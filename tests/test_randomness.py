@@ -148,5 +148,5 @@ def test_seeded_runs_with_dropout_repeat(tmp_path, monkeypatch):
     assert _max_difference(first, _trained(tmp_path, "c", seed=4)) > 1e-3
     # The trainer applies the wrapper: without it (one Dropout mask for both replicas) the same
     # seed trains other weights.
-    monkeypatch.setattr("engine.trainer.per_replica_randomness", lambda model: 0)
+    monkeypatch.setattr("engine.state.per_replica_randomness", lambda model: 0)
     assert _max_difference(first, _trained(tmp_path, "unwrapped", seed=3)) > 1e-3
