@@ -41,11 +41,11 @@ def test_full_three_epochs_on_two_replicas(tmp_path):
 
 
 @pytest.mark.slow
-def test_cnn_bn_beats_091(tmp_path):
-    """The batch-norm CNN's measured run: 0.9161 test accuracy after 15 epochs (9.5 min on 2 shared
-    cores). With a constant learning rate the per-epoch test accuracy wanders by about +-0.6%
-    (0.910-0.923 over epochs 10-15), hence the margin."""
-    result = run_cli("--dataset=fashion_mnist", "--model=cnn_bn", "--epochs=15", "--global_batch=128",
-                     "--seed=1", f"--model_dir={tmp_path}", timeout=1800)
+def test_cnn_bn_reaches_092(tmp_path):
+    """The batch-norm CNN's measured run: 0.9204 test accuracy after 12 epochs with a cosine
+    learning rate (5:06 on 2 cores); per-epoch accuracy 0.877, 0.892, ..., 0.920, 0.920, 0.920.
+    (With a constant rate it wandered by about +-0.6 % between epochs: 0.9161 after 15.)"""
+    result = run_cli("--dataset=fashion_mnist", "--model=cnn_bn", "--epochs=12", "--global_batch=128",
+                     "--lr_schedule=cosine", "--seed=1", f"--model_dir={tmp_path}", timeout=1800)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert _test_accuracy(result.stdout) >= 0.91
+    assert _test_accuracy(result.stdout) >= 0.915
