@@ -81,8 +81,7 @@ def _setup(config, out):
         out.write(f"agreement    all {cluster.num_workers} workers run the same flags "
                   f"(checked in {time.perf_counter() - agreement_start:.3f} s)\n")
     keras.utils.set_random_seed(seed)
-    if config.deterministic:
-        tf.config.experimental.enable_op_determinism()
+    _set_op_determinism(config.deterministic)
 
     data = data_lib.load(config)
     steps_per_epoch = data_lib.steps_per_epoch(data, config.global_batch)
@@ -265,6 +264,18 @@ class _Run:
         if self.placement.is_chief:
             report.summary(result, self.out)
         return result
+
+
+def _set_op_determinism(on: bool) -> None:
+    """As the flag says, for this run: the switch is process-wide, and a previous in-process run
+    (a test, a notebook) may have turned it on. TensorFlow has no public switch-off."""
+    if on:
+        tf.config.experimental.enable_op_determinism()
+        return
+    from tensorflow.python.framework import config as tf_config
+
+    if getattr(tf_config, "is_op_determinism_enabled", lambda: False)():
+        tf_config.disable_op_determinism()
 
 
 def _scalar(value) -> float:
