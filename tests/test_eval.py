@@ -12,8 +12,9 @@ from conftest import TEST_TASKS, small_config
 from engine.data import synthetic_arrays
 from engine.errors import UserError
 from engine.loop import make_eval_loop, make_train_loop
-from engine.task import Task
 from engine.state import build_task
+from engine.strategy import build_strategy
+from engine.task import Task
 from engine.trainer import train
 
 
@@ -33,7 +34,7 @@ def test_eval_matches_keras_evaluate(tmp_path, replicas):
 
 
 def test_eval_counts_every_example():
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = build_strategy("mirrored", 2).strategy  # the engine's (not collective all-reduce)
     config = small_config("/unused")
 
     class CountingTask(Task):
@@ -54,7 +55,7 @@ def test_eval_counts_every_example():
 
 
 def test_train_loop_traces_once_for_any_loop_length():
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = build_strategy("mirrored", 2).strategy  # the engine's (not collective all-reduce)
     config = small_config("/unused")
     task = Task(config, input_shape=(28, 28, 1), num_classes=10)
     with strategy.scope():

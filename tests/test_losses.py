@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from engine.losses import per_replica_mean_loss, replica_loss
+from engine.strategy import build_strategy
 
 
 def test_replica_losses_sum_to_the_global_mean():
@@ -23,7 +24,7 @@ def test_per_replica_mean_overcounts_by_the_replica_count():
 
 
 def test_regularisation_is_counted_once_over_replicas():
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = build_strategy("mirrored", 2).strategy  # the engine's (not collective all-reduce)
 
     def step():
         return replica_loss(tf.zeros([4]), global_batch=8, regularization_losses=[tf.constant(3.0)])

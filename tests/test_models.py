@@ -4,7 +4,6 @@ included)."""
 
 from __future__ import annotations
 
-import math
 import os
 
 import keras
@@ -15,6 +14,7 @@ import tensorflow as tf
 from conftest import TEST_TASKS, run_cli, small_config
 from engine.data import synthetic_arrays
 from engine.models import build_model
+from engine.strategy import build_strategy
 from engine.trainer import train
 
 NO_DROPOUT = f"{TEST_TASKS}:CnnBnNoDropoutTask"  # cnn_bn, dropout 0, BN momentum 0.5
@@ -91,7 +91,7 @@ def test_bn_layer_statistics_across_replicas(synchronized):
     replica writes its own slice's mean into its own copy, and the copies silently differ."""
     images = tf.reshape(tf.range(2 * 4 * 3, dtype=tf.float32), [8, 3])  # replica 1's half is larger
     whole_batch_mean = tf.reduce_mean(images, axis=0).numpy()
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = build_strategy("mirrored", 2).strategy  # the engine's (not collective all-reduce)
     with strategy.scope():
         layer = keras.layers.BatchNormalization(momentum=0.0, synchronized=synchronized)
         layer.build((None, 3))
