@@ -65,7 +65,10 @@ class _TrainStep:
         self.task, self.accum_steps = task, accum_steps
         self.grad_norm, self.keep_gradients = grad_norm, keep_gradients
         self._step = _float32_outputs(task.train_step, names, "train_step")
-        self._handed = None  # what the last trace of the Task's step handed over (Python, trace time)
+        # What the last trace of the Task's step handed over (Python, trace time). Shared by the
+        # replica threads on purpose: with jit_compile one trace serves every replica; the handed
+        # structure (which gradients exist, their variables) is the same on all of them.
+        self._handed = None
         self._compute = tf.function(self._compute_fn, jit_compile=True) if jit_compile else self._compute_fn
 
     def _compute_fn(self, batch):
