@@ -93,6 +93,8 @@ class _TrainStep:
         return outputs, gradients
 
     def __call__(self, batch):
+        # Read before the forward pass moves them: put back if the update is skipped.
+        kept_state = update.snapshot(self.task.model.non_trainable_variables)
         if self.accum_steps == 1:
             outputs, gradients = self._compute(batch)
         else:
@@ -108,7 +110,7 @@ class _TrainStep:
             for i, g in enumerate(handed.gradients):
                 if g is not None:
                     full[i] = next(present)
-            outcome = updater.apply(full, handed.variables)
+            outcome = updater.apply(full, handed.variables, kept_state)
         if self.grad_norm:
             outputs = dict(outputs, grad_norm=(tf.constant(0.0), tf.constant(0.0)) if outcome is None
                            else (outcome.grad_norm, tf.constant(1.0)))

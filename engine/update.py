@@ -11,7 +11,9 @@ In replica context, once per step (after all micro-batches of a global batch):
      (invariant 5), unlike Keras' LossScaleOptimizer, which checks the local gradients only;
   4. global-norm clipping (--clip_norm) of the summed gradients, so the norm is the true one;
   5. the Keras optimizer update (weight decay included) inside a cond taken in cross-replica
-     context: a non-finite step leaves weights AND optimizer state (moments, iterations) untouched;
+     context: a non-finite step leaves weights, optimizer state (moments, iterations) and the
+     model's non-trainable state (batch-norm statistics, put back from a copy taken before the step)
+     untouched;
      the loss scale halves on overflow and doubles after GROWTH_INTERVAL good steps.
 
 `Task.apply_gradients` only records the gradients (thread-local: MirroredStrategy traces each
@@ -144,8 +146,11 @@ class Updater:
             return loss
         return loss * tf.cast(self.loss_scale, loss.dtype)
 
-    def apply(self, gradients, variables) -> Outcome:
-        """Replica context: sum over replicas, unscale, check, clip, apply (see the module doc)."""
+    def apply(self, gradients, variables, kept_state=((), ())) -> Outcome:
+        """Replica context: sum over replicas, unscale, check, clip, apply (see the module doc).
+
+        kept_state: (variables, their values before the step), put back when the update is skipped:
+        the batch-norm moving statistics, which the forward pass already moved (maybe to NaN)."""
         present = [i for i, g in enumerate(gradients) if g is not None]
         context = tf.distribute.get_replica_context()
         summed = context.all_reduce(tf.distribute.ReduceOp.SUM,
@@ -162,13 +167,14 @@ class Updater:
         full = [None] * len(gradients)
         for i, g in zip(present, clipped):
             full[i] = tf.cast(g, variables[i].dtype)
-        applied = context.merge_call(self._apply_or_skip, args=(full, finite), kwargs={"variables": variables})
+        applied = context.merge_call(self._apply_or_skip, args=(full, finite, list(kept_state[1])),
+                                     kwargs={"variables": variables, "kept": list(kept_state[0])})
         bad = tf.logical_not(finite)
         if self.loss_scaling:  # an overflow is only bad once the scale cannot fall further
             bad = tf.logical_and(bad, tf.less_equal(scale, MIN_LOSS_SCALE))
         return Outcome(applied=applied, bad=bad, grad_norm=norm, gradients=summed)
 
-    def _apply_or_skip(self, strategy, gradients, finite, *, variables):
+    def _apply_or_skip(self, strategy, gradients, finite, before, *, variables, kept):
         """Cross-replica context: a cond here may call the optimizer (whose update needs a
         merge_call, impossible inside a cond in replica context)."""
         # `finite` comes from summed gradients, so every replica's copy is the same value.
@@ -187,9 +193,21 @@ class Updater:
             return tf.constant(True)
 
         def overflow():
+            for variable, value in zip(kept, before):
+                strategy.extended.update(variable, _assign, args=(value,), group=False)
             if self.loss_scaling:
                 self.loss_scale.assign(tf.maximum(self.loss_scale * 0.5, MIN_LOSS_SCALE))
                 self.good_steps.assign(0)
             return tf.constant(False)
 
         return tf.cond(finite, good, overflow)
+
+
+def _assign(variable, value):
+    return variable.assign(value)
+
+
+def snapshot(variables) -> tuple:
+    """(variables, their current values), for Updater.apply's kept_state (replica context)."""
+    variables = [getattr(v, "value", v) for v in variables]
+    return variables, [tf.identity(v) for v in variables]

@@ -79,6 +79,17 @@ class NanGradientTask(Task):
         return super().apply_gradients([g * poison for g in gradients], variables)
 
 
+class NanInputTask(Task):
+    """The last replica's images are NaN at one step: its activations, so the batch-norm moving
+    statistics the forward pass updates, become NaN too (not only the loss and gradients)."""
+
+    nan_at_step = 5
+
+    def train_step(self, batch):
+        images, labels = batch
+        return super().train_step((images * _nan_on_last_replica_at(self, self.nan_at_step), labels))
+
+
 class InfGradientTask(Task):
     """The last replica's gradients are +Inf at step 2 (as a float16 overflow on one replica would be)."""
 

@@ -39,7 +39,8 @@ def test_stop_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, task):
 
 
 @pytest.mark.parametrize("task, strategy", [("NanGradientTask", TWO_REPLICAS),
-                                            ("NanLossTask", dict(strategy="default", deterministic=True))])
+                                            ("NanLossTask", dict(strategy="default", deterministic=True)),
+                                            ("NanInputTask", dict(model="cnn_bn", **TWO_REPLICAS))])
 def test_skip_leaves_weights_and_optimizer_untouched(tmp_path, task, strategy):
     quiet = open(os.devnull, "w")
     # The poisoned step is the last one, so skipping it must leave the state of a clean 5-step run.
@@ -52,7 +53,7 @@ def test_skip_leaves_weights_and_optimizer_untouched(tmp_path, task, strategy):
     assert int(after_skip.pop("global_step/.ATTRIBUTES/VARIABLE_VALUE")) == NAN_AT + 1  # the batch was consumed
     clean.pop("global_step/.ATTRIBUTES/VARIABLE_VALUE")
     assert sorted(after_skip) == sorted(clean)
-    for name in clean:  # weights, Adam moments and iterations
+    for name in clean:  # weights, batch-norm moving statistics, Adam moments and iterations
         assert np.array_equal(after_skip[name], clean[name]), name
 
 
