@@ -106,11 +106,9 @@ class _TrainStep:
             if updater.loss_scaling and not handed.scaled:
                 raise UserError("--precision=mixed_float16 scales the loss: train_step must take the "
                                 "gradients of self.scale_loss(loss), not of the loss itself")
-            full, present = [None] * len(handed.gradients), iter(gradients)
-            for i, g in enumerate(handed.gradients):
-                if g is not None:
-                    full[i] = next(present)
-            outcome = updater.apply(full, handed.variables, kept_state)
+            # `gradients` holds the handed-over ones that are not None: pair them with their variables.
+            variables = [v for g, v in zip(handed.gradients, handed.variables) if g is not None]
+            outcome = updater.apply(gradients, variables, kept_state)
         if self.grad_norm:
             outputs = dict(outputs, grad_norm=(tf.constant(0.0), tf.constant(0.0)) if outcome is None
                            else (outcome.grad_norm, tf.constant(1.0)))

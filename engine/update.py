@@ -146,15 +146,14 @@ class Updater:
             return loss
         return loss * tf.cast(self.loss_scale, loss.dtype)
 
-    def apply(self, gradients, variables, kept_state=((), ())) -> Outcome:
+    def apply(self, gradients, variables, kept_state) -> Outcome:
         """Replica context: sum over replicas, unscale, check, clip, apply (see the module doc).
 
+        gradients: this replica's, one per entry of `variables` (no None entries).
         kept_state: (variables, their values before the step), put back when the update is skipped:
         the batch-norm moving statistics, which the forward pass already moved (maybe to NaN)."""
-        present = [i for i, g in enumerate(gradients) if g is not None]
         context = tf.distribute.get_replica_context()
-        summed = context.all_reduce(tf.distribute.ReduceOp.SUM,
-                                    [tf.cast(gradients[i], tf.float32) for i in present])
+        summed = context.all_reduce(tf.distribute.ReduceOp.SUM, [tf.cast(g, tf.float32) for g in gradients])
         if self.loss_scaling:
             scale = tf.identity(self.loss_scale)  # read before the update below changes it
             summed = [g * (1.0 / scale) for g in summed]
@@ -164,10 +163,8 @@ class Updater:
         if self.clip_norm:
             factor = self.clip_norm / tf.maximum(norm, self.clip_norm)
             clipped = [g * factor for g in summed]
-        full = [None] * len(gradients)
-        for i, g in zip(present, clipped):
-            full[i] = tf.cast(g, variables[i].dtype)
-        applied = context.merge_call(self._apply_or_skip, args=(full, finite, list(kept_state[1])),
+        clipped = [tf.cast(g, v.dtype) for g, v in zip(clipped, variables)]
+        applied = context.merge_call(self._apply_or_skip, args=(clipped, finite, list(kept_state[1])),
                                      kwargs={"variables": variables, "kept": list(kept_state[0])})
         bad = tf.logical_not(finite)
         if self.loss_scaling:  # an overflow is only bad once the scale cannot fall further

@@ -39,12 +39,18 @@ def exported_weights(model_dir) -> list:
     return [w.numpy() if hasattr(w, "numpy") else np.asarray(w) for w in model.weights]
 
 
-def tensorboard_scalars(logdir) -> dict:
-    """{tag: [(step, value), ...]} of the scalars in a TensorBoard log directory."""
+def tensorboard_run(logdir):
+    """An EventAccumulator with every event of a TensorBoard log directory loaded."""
     from tensorboard.backend.event_processing import event_accumulator
 
-    accumulator = event_accumulator.EventAccumulator(str(logdir), size_guidance={"tensors": 0})
+    accumulator = event_accumulator.EventAccumulator(str(logdir), size_guidance={"scalars": 0, "tensors": 0})
     accumulator.Reload()
+    return accumulator
+
+
+def tensorboard_scalars(logdir) -> dict:
+    """{tag: [(step, value), ...]} of the scalars in a TensorBoard log directory."""
+    accumulator = tensorboard_run(logdir)
     # tf.summary.* in TF 2 writes tensor events; EventAccumulator lists them under "tensors".
     return {tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
             for tag in accumulator.Tags()["tensors"]

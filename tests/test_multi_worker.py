@@ -11,9 +11,8 @@ import time
 
 import numpy as np
 import pytest
-from tensorboard.backend.event_processing import event_accumulator
 
-from conftest import REPO, TEST_TASKS, exported_weights, run_cli, small_config, tensorboard_scalars
+from conftest import REPO, TEST_TASKS, exported_weights, run_cli, small_config, tensorboard_run, tensorboard_scalars
 from engine.launch import worker_tf_configs
 from engine.trainer import train
 from engine.update import INITIAL_LOSS_SCALE
@@ -99,8 +98,7 @@ def test_only_the_chief_writes(tmp_path):
     assert codes == [0, 0], outputs
     assert sorted(os.listdir(tmp_path / "chief")) == ["checkpoints", "config.json", "eval", "export", "train"]
     assert not (tmp_path / "worker1").exists()
-    accumulator = event_accumulator.EventAccumulator(str(tmp_path / "chief" / "eval"))
-    accumulator.Reload()
+    accumulator = tensorboard_run(tmp_path / "chief" / "eval")
     assert {"confusion_matrix", "misclassified", "_hparams_/session_start_info"} <= set(accumulator.Tags()["tensors"])
     assert (tmp_path / "chief" / "train" / "plugins" / "profile").is_dir()
 

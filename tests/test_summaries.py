@@ -8,10 +8,9 @@ import re
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 
-from conftest import small_config
+from conftest import small_config, tensorboard_run
 from engine import __version__
 from engine.errors import UserError
 from engine.images import confusion_image, confusion_matrix, grid, misclassified_grid
@@ -22,14 +21,8 @@ from engine.trainer import train
 QUIET = dict(out=open(os.devnull, "w"))
 
 
-def _accumulator(logdir):
-    accumulator = event_accumulator.EventAccumulator(str(logdir), size_guidance={"scalars": 0, "tensors": 0})
-    accumulator.Reload()
-    return accumulator
-
-
 def _scalars(logdir):
-    accumulator = _accumulator(logdir)
+    accumulator = tensorboard_run(logdir)
     # tf.summary.* in TF 2 writes tensor events; EventAccumulator lists them under "tensors".
     return {tag: [e.step for e in accumulator.Tensors(tag)] for tag in accumulator.Tags()["tensors"]}
 
@@ -85,7 +78,7 @@ def test_grad_norm_is_the_global_norm_of_the_summed_gradients(tmp_path):
 def test_everything_a_researcher_watches(tmp_path):
     train(small_config(tmp_path, strategy="mirrored", cpu_replicas=2, train_steps=8, steps_per_loop=3,
                                 eval_every=4, histogram_every=4, trace_graph=True, profile_steps="2,6"), **QUIET)
-    train_run, eval_run = _accumulator(tmp_path / "train"), _accumulator(tmp_path / "eval")
+    train_run, eval_run = tensorboard_run(tmp_path / "train"), tensorboard_run(tmp_path / "eval")
     train_tags, eval_tags = _scalars(tmp_path / "train"), _scalars(tmp_path / "eval")
     # Loops end at 2 (profile start), 4 (eval, histograms), 6 (profile end), 8.
     assert train_tags["grad_norm"] == [2, 4, 6, 8]
