@@ -47,17 +47,17 @@ def main(argv) -> int:
 
     config = engine_flags.config_from_flags()
     if config.strategy == "multi_worker_mirrored" and config.num_workers and not os.environ.get("TF_CONFIG"):
-        from engine.launch import launch
+        from engine.distribute.launch import launch
 
         # Every worker gets the same model_dir (a default one is resolved here, once).
         return launch(config.num_workers, [*sys.argv[1:], f"--model_dir={config.model_dir}"],
                       script=os.path.abspath(__file__))
     try:
         if config.strategy == "multi_worker_mirrored":
-            from engine.cluster import parse_tf_config
+            from engine.distribute.cluster import parse_tf_config
 
             parse_tf_config(os.environ.get("TF_CONFIG"))  # fail in a second, before TensorFlow loads
-        from engine.trainer import train
+        from engine.controller.trainer import train
 
         train(config)
         return 0

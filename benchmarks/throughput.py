@@ -25,16 +25,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import tensorflow as tf  # noqa: E402
 
-from engine.strategy import configure_cpu_replicas  # noqa: E402
+from engine.distribute.strategy import configure_cpu_replicas  # noqa: E402
 
 configure_cpu_replicas(2)  # before TensorFlow starts: the sweep compares 1 and 2 replicas
 
 import keras  # noqa: E402
 
-from engine import data as data_lib  # noqa: E402
+from engine.data import pipelines, sources  # noqa: E402
 from engine.config import Config  # noqa: E402
-from engine.models import build_model  # noqa: E402
-from engine.trainer import train  # noqa: E402
+from engine.models.registry import build_model  # noqa: E402
+from engine.controller.trainer import train  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GLOBAL_BATCH = 256
@@ -62,8 +62,8 @@ class _EpochTimer(keras.callbacks.Callback):
 
 def fit_examples_per_sec(steps_per_execution: int, steps: int, epochs: int, precision="float32") -> float:
     """Keras model.fit on the same model, data pipeline and batch; the first epoch is warm-up."""
-    data = data_lib.load(Config(dataset="synthetic"))
-    dataset = data_lib.train_dataset(data.train_images, data.train_labels, GLOBAL_BATCH, seed=1)
+    data = sources.load(Config(dataset="synthetic"))
+    dataset = pipelines.train_dataset(data.train_images, data.train_labels, GLOBAL_BATCH, seed=1)
     keras.mixed_precision.set_dtype_policy(precision)
     model = build_model("cnn", data.image_shape, data.num_classes)
     keras.mixed_precision.set_dtype_policy("float32")

@@ -1,9 +1,23 @@
 """A custom training loop engine for Keras models under tf.distribute.
 
-Layers, from the inside out (see BUILD.md):
-  task.py      the researcher's step functions (replica context)
-  loop.py      compiled inner loops: many `strategy.run` steps per tf.function call
-  trainer.py   the outer Python loop: epochs, evaluation, checkpoints, summaries
+Data flows one way: flags -> config -> distribute (strategy) -> data -> task -> loop -> update
+-> observe (TensorBoard, console) / controller (checkpoints).
+
+The core a researcher touches (replica context, inside compiled loops):
+  task.py        the Task: build_model, build_optimizer, per_example_loss, train_step, eval_step
+  losses.py      replica_loss: sum of per-example losses / GLOBAL batch (+ scaled regularisation)
+  loop.py        compiled inner loops: many `strategy.run` steps per tf.function call
+  update.py      the handed-over gradients: one all-reduce, unscale, finite check, clip, apply
+  randomness.py  per-replica, per-step seeds for random layers and stateless ops
+  optimizers.py  optimizer registry, schedules and weight decay
+Around it:
+  data/        sources, file readers, tf.data pipelines at the global batch
+  models/      model registry and the built-in networks
+  tasks/       ready Tasks and `--task` resolution
+  distribute/  strategy factory, TF_CONFIG, flag agreement, watchdog, launcher, preemption
+  observe/     TensorBoard writers, monitor, images, hparams, console progress and report
+  controller/  the outer loop (trainer), schedule, state and checkpoints, run record
+  config.py, errors.py   the frozen run configuration and the errors a run stops with
 """
 
 __version__ = "0.1.0"

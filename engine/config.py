@@ -51,7 +51,7 @@ class Config:
     # Output.
     model_dir: str = "runs/default"
     export: bool = True
-    # TensorBoard extras (engine/monitor.py).
+    # TensorBoard extras (engine/observe/monitor.py).
     summaries: str = "full"  # "full": + grad_norm, images, hparams; "basic": loop scalars and config text.
     histogram_every: int = 0  # weight/gradient histograms every this many steps; 0: off.
     trace_graph: bool = False  # write the traced train loop graph (Graphs tab).

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from engine import update
 from engine.losses import replica_loss
-from engine.models import build_model
+from engine.models.registry import build_model
 from engine.optimizers import build_optimizer
 from engine.randomness import replica_seed
 

@@ -60,13 +60,13 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
     absl_flags.DEFINE_integer(
         "synthetic_test_examples", 10000, "Test examples of --dataset=synthetic.", lower_bound=1, **f)
     # Model, task, optimizer.
-    absl_flags.DEFINE_string("model", "cnn", "Model from the registry in engine/models.py: cnn (the "
+    absl_flags.DEFINE_string("model", "cnn", "Model from the registry in engine/models/registry.py: cnn (the "
                              "Keras MNIST example's CNN), cnn_bn (2 conv blocks, batch norm synchronised "
                              "across replicas, dropout: 0.91-0.92 on fashion_mnist), mlp.", **f)
     absl_flags.DEFINE_string(
         "task", "classification",
         "The step functions: a registered name (classification; label_smoothing, the worked example in "
-        "engine/label_smoothing.py), package.module:Class or "
+        "engine/tasks/label_smoothing.py), package.module:Class or "
         "path/to/file.py:Class (a subclass of engine.task.Task).", **f)
     absl_flags.DEFINE_enum("optimizer", "adam", OPTIMIZERS, "Optimizer.", **f)
     absl_flags.DEFINE_float(

@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from engine.config import Config  # noqa: E402
-from engine.strategy import configure_cpu_replicas  # noqa: E402
+from engine.distribute.strategy import configure_cpu_replicas  # noqa: E402
 
 configure_cpu_replicas(2)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from engine.label_smoothing import LabelSmoothingTask
+from engine.tasks.label_smoothing import LabelSmoothingTask
 from engine.losses import per_replica_mean_loss
-from engine.models import cnn_bn
+from engine.models.classifiers import cnn_bn
 from engine.task import Task, classification_metrics
 
 

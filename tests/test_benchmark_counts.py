@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from benchmarks.throughput import training_flops_per_example
-from engine.models import build_model
+from engine.models.registry import build_model
 
 
 def test_seed_cnn_training_flops():

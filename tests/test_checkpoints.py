@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from conftest import exported_weights, small_config
-from engine.trainer import train
+from engine.controller.trainer import train
 
 
 def _checkpoint_values(model_dir):

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from conftest import run_cli
-from engine.cluster import parse_tf_config
+from engine.distribute.cluster import parse_tf_config
 from engine.errors import UserError
 
 GOOD = {"cluster": {"worker": ["127.0.0.1:2001", "127.0.0.1:2002"]}, "task": {"type": "worker", "index": 1}}

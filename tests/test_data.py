@@ -8,8 +8,8 @@ import struct
 import numpy as np
 import pytest
 
-from engine import data as data_lib
-from engine import readers
+from engine.data import pipelines, sources
+from engine.data import readers
 from engine.config import Config
 from engine.errors import UserError
 
@@ -59,14 +59,14 @@ def test_idx_errors_name_the_file(tmp_path):
 
 def test_idx_directory_loads_and_validates(tmp_path):
     write_idx_dir(tmp_path)
-    data = data_lib.load(Config(dataset="fashion_mnist", data_dir=str(tmp_path)))
+    data = sources.load(Config(dataset="fashion_mnist", data_dir=str(tmp_path)))
     assert data.train_images.shape == (64, 28, 28) and data.test_labels.shape == (10,)
     write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", np.full((10,), 11))
     with pytest.raises(UserError, match=r"labels range over \[11, 11\]"):
-        data_lib.load(Config(dataset="fashion_mnist", data_dir=str(tmp_path)))
+        sources.load(Config(dataset="fashion_mnist", data_dir=str(tmp_path)))
     write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", np.zeros((9,)))
     with pytest.raises(UserError, match="10 images but 9 labels"):
-        data_lib.load(Config(dataset="fashion_mnist", data_dir=str(tmp_path)))
+        sources.load(Config(dataset="fashion_mnist", data_dir=str(tmp_path)))
 
 
 def test_mnist_npz_from_data_dir(tmp_path):
@@ -74,13 +74,13 @@ def test_mnist_npz_from_data_dir(tmp_path):
     np.savez(tmp_path / "mnist.npz", x_train=rng.integers(0, 256, (32, 28, 28), dtype=np.uint8),
              y_train=rng.integers(0, 10, 32), x_test=rng.integers(0, 256, (8, 28, 28), dtype=np.uint8),
              y_test=rng.integers(0, 10, 8))
-    data = data_lib.load(Config(dataset="mnist", data_dir=str(tmp_path)))
+    data = sources.load(Config(dataset="mnist", data_dir=str(tmp_path)))
     assert data.source.endswith("mnist.npz") and len(data.test_images) == 8
 
 
 def test_synthetic_is_deterministic_and_label_dependent():
-    a_images, a_labels = data_lib.synthetic_arrays(500, seed=3)
-    b_images, b_labels = data_lib.synthetic_arrays(500, seed=3)
+    a_images, a_labels = sources.synthetic_arrays(500, seed=3)
+    b_images, b_labels = sources.synthetic_arrays(500, seed=3)
     np.testing.assert_array_equal(a_images, b_images)
     np.testing.assert_array_equal(a_labels, b_labels)
     # The class means differ far more than the noise would by chance: the pixels carry the label.
@@ -96,27 +96,27 @@ def test_train_pipeline_epochs_shuffles_and_skips():
     images = np.zeros((40, 28, 28), dtype=np.uint8)
     labels = np.arange(40) % 10
     images[:, 0, 0] = np.arange(40)  # pixel (0,0) identifies the example
-    dataset = data_lib.train_dataset(images, labels, global_batch=16, seed=5)
+    dataset = pipelines.train_dataset(images, labels, global_batch=16, seed=5)
     batches = [x.numpy()[:, 0, 0, 0] * 255.0 for x, _ in dataset.take(6)]
     assert all(len(b) == 16 for b in batches)  # remainder dropped: 2 batches per epoch
     epoch1, epoch2 = np.concatenate(batches[0:2]), np.concatenate(batches[2:4])
     assert len(set(np.round(epoch1))) == 32  # no example twice in an epoch
     assert not np.array_equal(epoch1, epoch2)  # reshuffled each epoch
     again = [x.numpy()[:, 0, 0, 0] * 255.0 for x, _ in
-             data_lib.train_dataset(images, labels, global_batch=16, seed=5).take(6)]
+             pipelines.train_dataset(images, labels, global_batch=16, seed=5).take(6)]
     np.testing.assert_array_equal(np.concatenate(batches), np.concatenate(again))  # seeded
     skipped = [x.numpy()[:, 0, 0, 0] * 255.0 for x, _ in
-               data_lib.train_dataset(images, labels, global_batch=16, seed=5, skip_batches=3).take(3)]
+               pipelines.train_dataset(images, labels, global_batch=16, seed=5, skip_batches=3).take(3)]
     np.testing.assert_array_equal(np.concatenate(batches[3:]), np.concatenate(skipped))  # resume
 
 
 def test_eval_pipeline_keeps_the_partial_batch():
-    images, labels = data_lib.synthetic_arrays(37, seed=1)
-    sizes = [int(l.shape[0]) for _, l in data_lib.eval_dataset(images, labels, global_batch=16)]
+    images, labels = sources.synthetic_arrays(37, seed=1)
+    sizes = [int(l.shape[0]) for _, l in pipelines.eval_dataset(images, labels, global_batch=16)]
     assert sizes == [16, 16, 5]
 
 
 def test_global_batch_larger_than_data_is_an_error():
-    data = data_lib.load(Config(dataset="synthetic", synthetic_train_examples=10, synthetic_test_examples=5))
+    data = sources.load(Config(dataset="synthetic", synthetic_train_examples=10, synthetic_test_examples=5))
     with pytest.raises(UserError, match="larger than the 10 training examples"):
-        data_lib.steps_per_epoch(data, 64)
+        pipelines.steps_per_epoch(data, 64)

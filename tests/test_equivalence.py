@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import TEST_TASKS, exported_weights, small_config
-from engine.trainer import train
+from engine.controller.trainer import train
 
 
 def _trained_weights(tmp_path, name, **overrides):

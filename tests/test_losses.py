@@ -6,7 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from engine.losses import per_replica_mean_loss, replica_loss
-from engine.strategy import build_strategy
+from engine.distribute.strategy import build_strategy
 
 
 def test_replica_losses_sum_to_the_global_mean():

@@ -12,10 +12,10 @@ import pytest
 import tensorflow as tf
 
 from conftest import TEST_TASKS, run_cli, small_config
-from engine.data import synthetic_arrays
-from engine.models import build_model
-from engine.strategy import build_strategy
-from engine.trainer import train
+from engine.data.sources import synthetic_arrays
+from engine.models.registry import build_model
+from engine.distribute.strategy import build_strategy
+from engine.controller.trainer import train
 
 NO_DROPOUT = f"{TEST_TASKS}:CnnBnNoDropoutTask"  # cnn_bn, dropout 0, BN momentum 0.5
 NO_DROPOUT_UNSYNCED = f"{TEST_TASKS}:UnsyncedCnnBnNoDropoutTask"  # the same, BN synchronized=False

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO, TEST_TASKS, exported_weights, run_cli, small_config, tensorboard_run, tensorboard_scalars
-from engine.launch import worker_tf_configs
-from engine.trainer import train
+from engine.distribute.launch import worker_tf_configs
+from engine.controller.trainer import train
 from engine.update import INITIAL_LOSS_SCALE
 from test_resume import checkpoint_state
 

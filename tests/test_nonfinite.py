@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from conftest import TEST_TASKS, run_cli, small_config
 from engine.errors import NonFiniteLoss
-from engine.trainer import train
+from engine.controller.trainer import train
 from test_resume import checkpoint_state
 
 TWO_REPLICAS = dict(strategy="mirrored", cpu_replicas=2)

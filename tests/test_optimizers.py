@@ -13,7 +13,7 @@ import tensorflow as tf
 from conftest import exported_weights, small_config, tensorboard_scalars
 from engine.errors import UserError
 from engine.optimizers import build_optimizer
-from engine.trainer import train
+from engine.controller.trainer import train
 
 QUIET = dict(out=open(os.devnull, "w"))
 RATE = 0.01

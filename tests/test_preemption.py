@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from conftest import REPO, exported_weights, small_config
 from engine.errors import Preempted
-from engine.trainer import train
+from engine.controller.trainer import train
 from test_resume import checkpoint_state
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from engine.progress import Progress, format_duration
+from engine.observe.progress import Progress, format_duration
 
 
 class _Terminal(io.StringIO):

@@ -12,9 +12,9 @@ import tensorflow as tf
 
 from conftest import TEST_TASKS, exported_weights, small_config
 from engine.randomness import per_replica_randomness, replica_seed, seed_generators
-from engine.strategy import build_strategy
+from engine.distribute.strategy import build_strategy
 from engine.task import Task
-from engine.trainer import train
+from engine.controller.trainer import train
 
 WIDTH = 256  # an all-ones input this wide: two equal 0.5-dropout masks by chance, 2**-256
 
@@ -148,5 +148,5 @@ def test_seeded_runs_with_dropout_repeat(tmp_path, monkeypatch):
     assert _max_difference(first, _trained(tmp_path, "c", seed=4)) > 1e-3
     # The trainer applies the wrapper: without it (one Dropout mask for both replicas) the same
     # seed trains other weights.
-    monkeypatch.setattr("engine.state.per_replica_randomness", lambda model: 0)
+    monkeypatch.setattr("engine.controller.state.per_replica_randomness", lambda model: 0)
     assert _max_difference(first, _trained(tmp_path, "unwrapped", seed=3)) > 1e-3

@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from conftest import TEST_TASKS, small_config
-from engine.trainer import train
+from engine.controller.trainer import train
 
 # 1024 examples / batch 64 = 16 steps per epoch; loops of 3 steps.
 STOPS = (6, 7, 16)  # a loop boundary; mid-loop and mid-epoch; exactly the end of epoch 1

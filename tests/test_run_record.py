@@ -9,7 +9,7 @@ import pytest
 
 from conftest import small_config
 from engine.errors import UserError
-from engine.trainer import train
+from engine.controller.trainer import train
 
 
 def test_config_json_records_the_run_and_guards_its_identity(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import UserError
-from engine.schedule import Schedule
+from engine.controller.schedule import Schedule
 
 
 def _loops(schedule, start=0):

@@ -13,10 +13,10 @@ from tensorboard.plugins.hparams import metadata as hparams_metadata
 from conftest import small_config, tensorboard_run
 from engine import __version__
 from engine.errors import UserError
-from engine.images import confusion_image, confusion_matrix, grid, misclassified_grid
-from engine.monitor import parse_profile_steps
-from engine.summaries import create_writers
-from engine.trainer import train
+from engine.observe.images import confusion_image, confusion_matrix, grid, misclassified_grid
+from engine.observe.monitor import parse_profile_steps
+from engine.observe.summaries import create_writers
+from engine.controller.trainer import train
 
 QUIET = dict(out=open(os.devnull, "w"))
 

@@ -13,7 +13,7 @@ import urllib.parse
 import urllib.request
 
 from conftest import small_config
-from engine.trainer import train
+from engine.controller.trainer import train
 
 STARTUP_SECONDS = 60
 

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import TEST_TASKS, exported_weights, small_config, tensorboard_scalars
 from engine.errors import UserError
-from engine.trainer import train
+from engine.controller.trainer import train
 from engine.update import INITIAL_LOSS_SCALE
 from test_resume import checkpoint_state
 

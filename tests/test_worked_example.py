@@ -1,4 +1,4 @@
-"""The worked example of a changed step (engine/label_smoothing.py, --task=label_smoothing)."""
+"""The worked example of a changed step (engine/tasks/label_smoothing.py, --task=label_smoothing)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 import numpy as np
 
 from conftest import TEST_TASKS, exported_weights, small_config, tensorboard_scalars
-from engine.label_smoothing import LabelSmoothingTask
-from engine.trainer import train
+from engine.tasks.label_smoothing import LabelSmoothingTask
+from engine.controller.trainer import train
 
 QUIET = dict(out=open(os.devnull, "w"))
 TWO_REPLICAS = dict(strategy="mirrored", cpu_replicas=2)

@@ -1,6 +1,6 @@
 """The outer loop: build everything, then run compiled loops and decide between them when to
 log, evaluate and checkpoint. Everything numeric happens in engine/loop.py, engine/update.py and
-engine/task.py; what is built and checkpointed lives in engine/state.py."""
+engine/task.py; what is built and checkpointed lives in engine/controller/state.py."""
 
 from __future__ import annotations
 
@@ -15,22 +15,22 @@ import keras
 import tensorflow as tf
 
 from engine import __version__
-from engine import data as data_lib
-from engine import report
-from engine import run_record
-from engine import strategy as strategy_lib
-from engine.agreement import agree
-from engine.cluster import parse_tf_config
+from engine.data import pipelines, sources
+from engine.observe import report
+from engine.controller import run_record
+from engine.distribute import strategy as strategy_lib
+from engine.distribute.agreement import agree
+from engine.distribute.cluster import parse_tf_config
 from engine.errors import NonFiniteLoss, Preempted, UserError
 from engine.loop import make_eval_loop, make_train_loop, ratios
-from engine.monitor import Monitor, parse_profile_steps
-from engine.preemption import Watch
-from engine.progress import Progress
-from engine.schedule import Schedule
-from engine.state import create_state
-from engine.summaries import create_writers
-from engine.task_loader import load_task_class
-from engine.watchdog import PeerWatchdog, collective_failure
+from engine.observe.monitor import Monitor, parse_profile_steps
+from engine.distribute.preemption import Watch
+from engine.observe.progress import Progress
+from engine.controller.schedule import Schedule
+from engine.controller.state import create_state
+from engine.observe.summaries import create_writers
+from engine.tasks.registry import load_task_class
+from engine.distribute.watchdog import PeerWatchdog, collective_failure
 
 
 @dataclasses.dataclass
@@ -83,8 +83,8 @@ def _setup(config, out):
     keras.utils.set_random_seed(seed)
     _set_op_determinism(config.deterministic)
 
-    data = data_lib.load(config)
-    steps_per_epoch = data_lib.steps_per_epoch(data, config.global_batch)
+    data = sources.load(config)
+    steps_per_epoch = pipelines.steps_per_epoch(data, config.global_batch)
     schedule = Schedule(
         total_steps=config.train_steps or config.epochs * steps_per_epoch,
         steps_per_epoch=steps_per_epoch,
@@ -136,10 +136,10 @@ class _Run:
         self.monitor = Monitor(config, self.writers, task, self.data, is_chief=self.placement.is_chief)
         if self.start_step == 0:
             self.monitor.at_start(report.config_markdown(config, self.run_facts), self.run_facts)
-        self.train_data = data_lib.distributed_train_data(strategy, self.data, config, task.seed,
+        self.train_data = pipelines.distributed_train_data(strategy, self.data, config, task.seed,
                                                           skip_batches=self.start_step)
         self.eval_data = strategy.experimental_distribute_dataset(
-            data_lib.eval_dataset(self.data.test_images, self.data.test_labels, config.global_batch))
+            pipelines.eval_dataset(self.data.test_images, self.data.test_labels, config.global_batch))
         self.train_loop = make_train_loop(
             strategy, task, self.state.global_step, accum_steps=config.grad_accum_steps,
             jit_compile=config.jit_compile, skip_nonfinite=config.on_nonfinite == "skip",

@@ -7,10 +7,10 @@ import os
 
 import tensorflow as tf
 
-from engine.cluster import Cluster, parse_tf_config
+from engine.distribute.cluster import Cluster, parse_tf_config
 from engine.config import STRATEGIES
 from engine.errors import UserError
-from engine.watchdog import rendezvous
+from engine.distribute.watchdog import rendezvous
 
 
 

@@ -15,9 +15,9 @@ import numpy as np
 import tensorflow as tf
 
 from engine import __version__
-from engine import images as images_lib
+from engine.observe import images as images_lib
 from engine.errors import UserError
-from engine.hparams import hparam_values
+from engine.observe.hparams import hparam_values
 
 SAMPLE_INPUTS = 24  # training images in the start-up grid
 MISCLASSIFIED = 24  # wrong test predictions shown per evaluation

@@ -13,8 +13,8 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from engine import strategy as strategy_lib
-from engine.checkpoints import Checkpointer
+from engine.distribute import strategy as strategy_lib
+from engine.controller.checkpoints import Checkpointer
 from engine.optimizers import constant_rate
 from engine.randomness import per_replica_randomness, seed_generators
 from engine.update import Updater

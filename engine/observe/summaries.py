@@ -9,7 +9,7 @@ import os
 
 import tensorflow as tf
 
-from engine import hparams
+from engine.observe import hparams
 
 
 def _writes(method):
@@ -44,7 +44,7 @@ class SummaryWriter:
 
     @_writes
     def write_images(self, step: int, name: str, images, description: str | None = None) -> None:
-        """images: uint8 (n, h, w, 3) (engine/images.py renders them); None writes nothing."""
+        """images: uint8 (n, h, w, 3) (engine/observe/images.py renders them); None writes nothing."""
         if images is not None:
             tf.summary.image(name, images, max_outputs=len(images), description=description)
 

@@ -12,7 +12,7 @@ from engine.task import Task
 
 TASKS = {
     "classification": "engine.task:Task",
-    "label_smoothing": "engine.label_smoothing:LabelSmoothingTask",  # the worked example of a changed step
+    "label_smoothing": "engine.tasks.label_smoothing:LabelSmoothingTask",  # the worked example of a changed step
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from engine.progress import format_duration
+from engine.observe.progress import format_duration
 
 
 def banner(config, placement, data, per_replica, schedule, seed, model, start_step, out):

@@ -1,11 +1,9 @@
-"""Model registry. Each builder takes (input_shape, num_classes) and returns a Keras model that
-outputs logits (no softmax: the loss works from logits, which is more stable)."""
+"""The built-in classifiers for small images. Each takes (input_shape, num_classes) and returns a
+Keras model that outputs logits (no softmax: the loss works from logits, which is more stable)."""
 
 from __future__ import annotations
 
 import keras
-
-from engine.errors import UserError
 
 
 def seed_cnn(input_shape, num_classes):
@@ -79,12 +77,3 @@ def cnn_bn(input_shape, num_classes, *, dropout=0.3, synchronized=True, momentum
         ],
         name="cnn_bn",  # every layer named: weight paths are the same in every build
     )
-
-
-MODELS = {"cnn": seed_cnn, "cnn_bn": cnn_bn, "mlp": mlp}
-
-
-def build_model(name: str, input_shape, num_classes: int) -> keras.Model:
-    if name not in MODELS:
-        raise UserError(f"unknown --model={name!r}; valid: {', '.join(sorted(MODELS))}")
-    return MODELS[name](input_shape, num_classes)

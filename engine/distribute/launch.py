@@ -3,7 +3,7 @@ TF_CONFIG starts N workers on 127.0.0.1 (like torchrun's standalone mode).
 
 Each worker gets free ports and its own consistent TF_CONFIG; output lines are prefixed with
 "[worker i]"; the first worker to fail stops the others; Ctrl-C or SIGTERM is passed on to every
-worker (they save a checkpoint and exit 3, see engine/preemption.py); the exit code is the first
+worker (they save a checkpoint and exit 3, see engine/distribute/preemption.py); the exit code is the first
 non-zero one. No TensorFlow is imported here.
 """
 

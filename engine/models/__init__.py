@@ -1,0 +1,1 @@
+"""Models: `registry.py` maps `--model` names to builders; `classifiers.py` holds the built-in ones."""
