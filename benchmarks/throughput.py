@@ -31,7 +31,7 @@ configure_cpu_replicas(2)  # before TensorFlow starts: the sweep compares 1 and 
 
 import keras  # noqa: E402
 
-from engine.data import pipelines, sources  # noqa: E402
+from engine.data import sources  # noqa: E402
 from engine.config import Config  # noqa: E402
 from engine.models.registry import build_model  # noqa: E402
 from engine.controller.trainer import train  # noqa: E402
@@ -63,9 +63,9 @@ class _EpochTimer(keras.callbacks.Callback):
 def fit_examples_per_sec(steps_per_execution: int, steps: int, epochs: int, precision="float32") -> float:
     """Keras model.fit on the same model, data pipeline and batch; the first epoch is warm-up."""
     data = sources.load(Config(dataset="synthetic"))
-    dataset = pipelines.train_dataset(data.train_images, data.train_labels, GLOBAL_BATCH, seed=1)
+    dataset = data.train_dataset(GLOBAL_BATCH, seed=1)
     keras.mixed_precision.set_dtype_policy(precision)
-    model = build_model("cnn", data.image_shape, data.num_classes)
+    model = build_model("cnn", data.spec.input_shape, data.spec.num_classes)
     keras.mixed_precision.set_dtype_policy("float32")
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -8,7 +8,7 @@ from typing import Optional
 
 # The names the engine accepts, in one place (no TensorFlow import: flags/ uses them for --help).
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored")
-DATASETS = ("mnist", "fashion_mnist", "synthetic")
+DATASETS = ("mnist", "fashion_mnist", "synthetic")  # built-in names; also npz:PATH, tfrecord:GLOB[,GLOB]
 INPUT_MODES = ("distribute_dataset", "per_worker")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 LR_SCHEDULES = ("constant", "cosine", "warmup_cosine")
@@ -27,6 +27,10 @@ class Config:
     data_dir: Optional[str] = None
     synthetic_train_examples: int = 60000
     synthetic_test_examples: int = 10000
+    synthetic_shape: str = "28,28"  # one synthetic example's shape: "28,28" grey, "32,32,3" colour.
+    num_classes: int = 0  # 0: from the data (the largest label + 1; 10 for the built-in sets).
+    shuffle_buffer: int = 10000  # examples in the shuffle buffer of streamed sources.
+    cache: bool = False  # streamed sources: keep the raw records in memory after the first pass.
     # Model and task.
     model: str = "cnn"
     task: str = "classification"

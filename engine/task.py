@@ -20,6 +20,8 @@ import keras
 import tensorflow as tf
 
 from engine import update
+from engine.data.spec import DataSpec
+from engine.errors import UserError
 from engine.losses import replica_loss
 from engine.models.registry import build_model
 from engine.optimizers import build_optimizer
@@ -42,10 +44,20 @@ class Task:
     train_metrics = ("loss", "accuracy")
     eval_metrics = ("loss", "accuracy")
 
-    def __init__(self, config, *, input_shape, num_classes):
+    # Optional: a staticmethod (serialized tf.train.Example) -> (features, label) for
+    # --dataset=tfrecord:... files not in the default schema; it runs before the Task exists (its
+    # output decides `spec`). See engine/data/tfrecord.py.
+    parse_example = None
+
+    def __init__(self, config, spec: DataSpec | None = None, *, input_shape=None, num_classes=None):
+        """`spec`: the data's per-example shapes and dtypes and its classes (the engine passes the
+        source's). `input_shape`/`num_classes` are a short form for classification data."""
         self.config = config
-        self.input_shape = tuple(input_shape)
-        self.num_classes = num_classes
+        if spec is None:
+            if input_shape is None:
+                raise TypeError("Task needs the data's spec (or input_shape and num_classes)")
+            spec = DataSpec.classification(input_shape, num_classes)
+        self.spec = spec
         self.model: keras.Model | None = None  # set by the engine, inside strategy.scope()
         self.optimizer: keras.optimizers.Optimizer | None = None  # idem, already built
         # Set by the engine: steps (global batches) trained so far, a tf.Variable readable in a step.
@@ -59,12 +71,33 @@ class Task:
     def global_batch(self) -> int:
         return self.config.global_batch
 
+    @property
+    def input_shape(self) -> tuple:
+        return self.spec.input_shape
+
+    @property
+    def num_classes(self):
+        return self.spec.num_classes
+
     # ---- built once by the engine, inside strategy.scope() ----
     def build_model(self) -> keras.Model:
+        if not self.num_classes or self.spec.labels.shape.rank != 0:
+            raise UserError(
+                f"--task={self.config.task} classifies, but the data's labels are {self.spec.labels.dtype.name} "
+                f"{tuple(self.spec.labels.shape)} (not one class id per example); use a Task of your own "
+                "(--task=path/to/file.py:Class) for other targets")
         return build_model(self.config.model, self.input_shape, self.num_classes)
 
     def build_optimizer(self) -> keras.optimizers.Optimizer:
         return build_optimizer(self.config, self.total_steps)
+
+    # ---- in the input pipeline (tf.data, per example) ----
+    def augment_example(self, features, label, seed):
+        """Training augmentation of ONE example (override it; the default changes nothing and costs
+        nothing). `seed` is a [2] int64 seed for tf.random.stateless_* ops: different for every
+        example and epoch, the same when the run repeats with --seed or resumes. Evaluation data is
+        never augmented. Return (features, label) with the same shapes and dtypes."""
+        return features, label
 
     # ---- replica context ----
     def per_example_loss(self, labels, outputs):

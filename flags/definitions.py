@@ -5,10 +5,11 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import re
 
 from absl import flags as absl_flags
 
-from engine.config import DATASETS, INPUT_MODES, LR_SCHEDULES, PRECISIONS, STRATEGIES, Config
+from engine.config import INPUT_MODES, LR_SCHEDULES, PRECISIONS, STRATEGIES, Config
 
 OPTIMIZERS = ("adam", "sgd")
 NONFINITE_ACTIONS = ("stop", "skip")
@@ -16,7 +17,10 @@ NONFINITE_ACTIONS = ("stop", "skip")
 
 def default_model_dir(dataset: str, model: str, strategy: str) -> str:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return os.path.join("runs", f"{dataset}-{model}-{strategy}-{stamp}")
+    kind, _, argument = dataset.partition(":")  # npz:/data/x.npz -> npz_x
+    name = f"{kind}_{os.path.splitext(os.path.basename(argument.split(',')[0].rstrip('/')))[0]}" if argument else kind
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+    return os.path.join("runs", f"{name}-{model}-{strategy}-{stamp}")
 
 
 def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
@@ -46,10 +50,11 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "batches, split by strategy.experimental_distribute_dataset) or per_worker (each worker "
         "builds its own pipeline of per-replica batches, strategy.distribute_datasets_from_function).", **f)
     # Data.
-    absl_flags.DEFINE_enum(
-        "dataset", "mnist", DATASETS,
+    absl_flags.DEFINE_string(
+        "dataset", "mnist",
         "Training data: mnist (mnist.npz or IDX files), fashion_mnist (IDX files), synthetic "
-        "(generated, MNIST-shaped, learnable; no files needed).", **f)
+        "(generated, learnable; no files needed); npz:PATH (arrays x_train, y_train, x_test, y_test of "
+        "any shape, in memory); tfrecord:TRAIN_GLOB[,TEST_GLOB] (tf.train.Example shards, streamed).", **f)
     absl_flags.DEFINE_string(
         "data_dir", None,
         "Directory with local data files: mnist.npz or the 4 IDX files (train-images-idx3-ubyte.gz, "
@@ -59,6 +64,19 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "synthetic_train_examples", 60000, "Training examples of --dataset=synthetic.", lower_bound=1, **f)
     absl_flags.DEFINE_integer(
         "synthetic_test_examples", 10000, "Test examples of --dataset=synthetic.", lower_bound=1, **f)
+    absl_flags.DEFINE_string(
+        "synthetic_shape", "28,28",
+        "Shape of one --dataset=synthetic example, comma-separated: 28,28 (grey images), 32,32,3 "
+        "(colour), 64 (feature vectors).", **f)
+    absl_flags.DEFINE_integer(
+        "num_classes", 0, "Number of classes; 0: from the data (its largest label + 1). Labels must lie in "
+        "[0, num_classes).", lower_bound=0, **f)
+    absl_flags.DEFINE_integer(
+        "shuffle_buffer", 10000, "Examples held in the shuffle buffer of streamed sources (tfrecord:); "
+        "in-memory sources shuffle whole epochs.", lower_bound=1, **f)
+    absl_flags.DEFINE_boolean(
+        "cache", False, "Streamed sources: keep the raw records in memory after the first pass (file order "
+        "then fixed, the shuffle buffer still shuffles).", **f)
     # Model, task, optimizer.
     absl_flags.DEFINE_string("model", "cnn", "Model from the registry in engine/models/registry.py: cnn (the "
                              "Keras MNIST example's CNN), cnn_bn (2 conv blocks, batch norm synchronised "
@@ -171,7 +189,8 @@ def config_from_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> 
         strategy=v.strategy, cpu_replicas=v.cpu_replicas, collective_timeout=v.collective_timeout,
         num_workers=v.num_workers, input_mode=v.input_mode,
         dataset=v.dataset, data_dir=v.data_dir, synthetic_train_examples=v.synthetic_train_examples,
-        synthetic_test_examples=v.synthetic_test_examples, model=v.model, task=v.task,
+        synthetic_test_examples=v.synthetic_test_examples, synthetic_shape=v.synthetic_shape,
+        num_classes=v.num_classes, shuffle_buffer=v.shuffle_buffer, cache=v.cache, model=v.model, task=v.task,
         optimizer=v.optimizer, learning_rate=v.learning_rate, lr_schedule=v.lr_schedule,
         warmup_steps=v.warmup_steps, weight_decay=v.weight_decay, clip_norm=v.clip_norm,
         precision=v.precision, grad_accum_steps=v.grad_accum_steps, global_batch=v.global_batch,

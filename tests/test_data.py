@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from engine.data import pipelines, sources
+from engine.data import arrays, pipelines, sources
 from engine.data import readers
 from engine.config import Config
 from engine.errors import UserError
@@ -60,7 +60,7 @@ def test_idx_errors_name_the_file(tmp_path):
 def test_idx_directory_loads_and_validates(tmp_path):
     write_idx_dir(tmp_path)
     data = sources.load(Config(dataset="fashion_mnist", data_dir=str(tmp_path)))
-    assert data.train_images.shape == (64, 28, 28) and data.test_labels.shape == (10,)
+    assert data.x_train.shape == (64, 28, 28) and data.y_test.shape == (10,) and data.spec.input_shape == (28, 28, 1)
     write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", np.full((10,), 11))
     with pytest.raises(UserError, match=r"labels range over \[11, 11\]"):
         sources.load(Config(dataset="fashion_mnist", data_dir=str(tmp_path)))
@@ -75,7 +75,7 @@ def test_mnist_npz_from_data_dir(tmp_path):
              y_train=rng.integers(0, 10, 32), x_test=rng.integers(0, 256, (8, 28, 28), dtype=np.uint8),
              y_test=rng.integers(0, 10, 8))
     data = sources.load(Config(dataset="mnist", data_dir=str(tmp_path)))
-    assert data.source.endswith("mnist.npz") and len(data.test_images) == 8
+    assert data.where.endswith("mnist.npz") and data.num_test == 8
 
 
 def test_synthetic_is_deterministic_and_label_dependent():
@@ -96,23 +96,23 @@ def test_train_pipeline_epochs_shuffles_and_skips():
     images = np.zeros((40, 28, 28), dtype=np.uint8)
     labels = np.arange(40) % 10
     images[:, 0, 0] = np.arange(40)  # pixel (0,0) identifies the example
-    dataset = pipelines.train_dataset(images, labels, global_batch=16, seed=5)
+    dataset = arrays.train_dataset(images, labels, global_batch=16, seed=5)
     batches = [x.numpy()[:, 0, 0, 0] * 255.0 for x, _ in dataset.take(6)]
     assert all(len(b) == 16 for b in batches)  # remainder dropped: 2 batches per epoch
     epoch1, epoch2 = np.concatenate(batches[0:2]), np.concatenate(batches[2:4])
     assert len(set(np.round(epoch1))) == 32  # no example twice in an epoch
     assert not np.array_equal(epoch1, epoch2)  # reshuffled each epoch
     again = [x.numpy()[:, 0, 0, 0] * 255.0 for x, _ in
-             pipelines.train_dataset(images, labels, global_batch=16, seed=5).take(6)]
+             arrays.train_dataset(images, labels, global_batch=16, seed=5).take(6)]
     np.testing.assert_array_equal(np.concatenate(batches), np.concatenate(again))  # seeded
     skipped = [x.numpy()[:, 0, 0, 0] * 255.0 for x, _ in
-               pipelines.train_dataset(images, labels, global_batch=16, seed=5, skip_batches=3).take(3)]
+               arrays.train_dataset(images, labels, global_batch=16, seed=5, skip_batches=3).take(3)]
     np.testing.assert_array_equal(np.concatenate(batches[3:]), np.concatenate(skipped))  # resume
 
 
 def test_eval_pipeline_keeps_the_partial_batch():
     images, labels = sources.synthetic_arrays(37, seed=1)
-    sizes = [int(l.shape[0]) for _, l in pipelines.eval_dataset(images, labels, global_batch=16)]
+    sizes = [int(l.shape[0]) for _, l in arrays.eval_dataset(images, labels, global_batch=16)]
     assert sizes == [16, 16, 5]
 
 

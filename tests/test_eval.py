@@ -46,7 +46,7 @@ def test_eval_counts_every_example():
 
     task = CountingTask(config, input_shape=(28, 28, 1), num_classes=10)
     images, labels = synthetic_arrays(301, seed=2)
-    from engine.data.pipelines import eval_dataset
+    from engine.data.arrays import eval_dataset
 
     dataset = strategy.experimental_distribute_dataset(eval_dataset(images, labels, 64))
     totals = make_eval_loop(strategy, task)(dataset)
@@ -61,7 +61,7 @@ def test_train_loop_traces_once_for_any_loop_length():
     with strategy.scope():
         build_task(strategy, task)
         step = tf.Variable(0, dtype=tf.int64, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-    from engine.data.pipelines import train_dataset
+    from engine.data.arrays import train_dataset
 
     images, labels = synthetic_arrays(512, seed=1)
     iterator = iter(strategy.experimental_distribute_dataset(train_dataset(images, labels, 64, seed=1)))

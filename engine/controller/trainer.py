@@ -83,7 +83,8 @@ def _setup(config, out):
     keras.utils.set_random_seed(seed)
     _set_op_determinism(config.deterministic)
 
-    data = sources.load(config)
+    task_class = load_task_class(config.task)
+    data = sources.load(config, parse_example=task_class.parse_example)
     steps_per_epoch = pipelines.steps_per_epoch(data, config.global_batch)
     schedule = Schedule(
         total_steps=config.train_steps or config.epochs * steps_per_epoch,
@@ -94,7 +95,7 @@ def _setup(config, out):
         histogram_every=config.histogram_every,
         marks=parse_profile_steps(config.profile_steps) or (),
     )
-    task = load_task_class(config.task)(config, input_shape=data.image_shape, num_classes=data.num_classes)
+    task = task_class(config, spec=data.spec)
     task.total_steps = schedule.total_steps
     state = create_state(placement.strategy, task, seed=seed, model_dir=config.model_dir,
                          is_chief=placement.is_chief, keep=config.keep_checkpoints)
@@ -136,10 +137,9 @@ class _Run:
         self.monitor = Monitor(config, self.writers, task, self.data, is_chief=self.placement.is_chief)
         if self.start_step == 0:
             self.monitor.at_start(report.config_markdown(config, self.run_facts), self.run_facts)
-        self.train_data = pipelines.distributed_train_data(strategy, self.data, config, task.seed,
+        self.train_data = pipelines.distributed_train_data(strategy, self.data, config, task, task.seed,
                                                           skip_batches=self.start_step)
-        self.eval_data = strategy.experimental_distribute_dataset(
-            pipelines.eval_dataset(self.data.test_images, self.data.test_labels, config.global_batch))
+        self.eval_data = pipelines.distributed_eval_data(strategy, self.data, config)
         self.train_loop = make_train_loop(
             strategy, task, self.state.global_step, accum_steps=config.grad_accum_steps,
             jit_compile=config.jit_compile, skip_nonfinite=config.on_nonfinite == "skip",
@@ -155,7 +155,7 @@ class _Run:
         self.writers["eval"].flush()
         self.progress.message(
             f"eval   step {self.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-            + f"  ({len(self.data.test_images)} examples)")
+            + f"  ({self.data.num_test} examples)")
         self.eval_metrics = metrics
 
     def save(self):

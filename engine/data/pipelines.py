@@ -1,9 +1,10 @@
-"""The tf.data pipelines that feed the replicas, at the GLOBAL batch.
+"""A source's tf.data pipelines, split across replicas and workers, at the GLOBAL batch.
 
-Training:   shuffle (seeded, a new permutation each epoch) -> batch(GLOBAL batch, drop remainder)
-            -> repeat -> skip(batches already trained, on resume) -> gather + normalise -> prefetch
-Evaluation: batch(GLOBAL batch, partial last batch kept) -> normalise -> prefetch
-Both are split across replicas (and workers) by `strategy.experimental_distribute_dataset`.
+In-memory sources (engine/data/arrays.py) go through `--input_mode`: one pipeline of global
+batches split by `strategy.experimental_distribute_dataset`, or per-worker pipelines
+(`distribute_datasets_from_function`) that keep each worker's slice of the same global batches.
+Streamed sources (engine/data/streams.py) always build one pipeline per worker with
+`distribute_datasets_from_function`, sharded by file or by record.
 """
 
 from __future__ import annotations
@@ -11,98 +12,50 @@ from __future__ import annotations
 import tensorflow as tf
 
 from engine.config import INPUT_MODES
-from engine.data.sources import ArrayData
 from engine.errors import UserError
 
 
-def _normalise(images, labels):
-    images = tf.cast(images, tf.float32)[..., tf.newaxis] / 255.0
-    return images, tf.cast(labels, tf.int32)
+def example_augmentation(task, seed: int):
+    """(features, label, stream position) -> augmented example, or None when the Task has no
+    `augment_example`. Its seed [run seed, position] differs per example and per epoch (a position
+    is never reused) and repeats with --seed and after a resume."""
+    from engine.task import Task
+
+    if type(task).augment_example is Task.augment_example:
+        return None
+
+    def augment(features, label, position):
+        return task.augment_example(features, label, tf.stack([tf.constant(seed, tf.int64), position]))
+
+    return augment
 
 
-def _with_options(dataset: tf.data.Dataset, deterministic: bool = True) -> tf.data.Dataset:
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    options.deterministic = deterministic
-    return dataset.with_options(options)
-
-
-def _index_batches(num_examples: int, global_batch: int, seed: int | None, skip_batches: int):
-    """Endless GLOBAL batches of example indices: epoch e is a fresh permutation drawn from
-    (seed, e) without state, cut into full batches (the remainder is dropped); batches already
-    trained are skipped (cheap: nothing is gathered for them)."""
-    steps = num_examples // global_batch
-    seed = 0 if seed is None else seed
-
-    def epoch(e):
-        order = tf.random.experimental.stateless_shuffle(
-            tf.range(num_examples, dtype=tf.int32), seed=tf.stack([tf.constant(seed, tf.int64), e]))
-        return tf.data.Dataset.from_tensor_slices(tf.reshape(order[: steps * global_batch], [steps, global_batch]))
-
-    dataset = tf.data.Dataset.range(2**62).flat_map(epoch)
-    return dataset.skip(skip_batches) if skip_batches else dataset
-
-
-def _gather_normalised(images, labels):
-    """indices -> (float images in [0, 1] with a channel axis, int32 labels), one gather per batch."""
-    images, labels = tf.constant(images), tf.constant(labels)
-    return lambda indices: _normalise(tf.gather(images, indices), tf.gather(labels, indices))
-
-
-def train_dataset(images, labels, global_batch: int, seed: int | None, skip_batches: int = 0):
-    """The endless training stream of GLOBAL batches; epoch k is the k-th reshuffle.
-
-    The shuffle permutes indices and each batch is one gather: per-example tf.data work would
-    cost about as much CPU as the training step of this small CNN."""
-    dataset = _index_batches(len(images), global_batch, seed, skip_batches)
-    dataset = dataset.map(_gather_normalised(images, labels), num_parallel_calls=tf.data.AUTOTUNE)
-    return _with_options(dataset.prefetch(tf.data.AUTOTUNE))
-
-
-def per_worker_train_dataset_fn(images, labels, global_batch: int, seed: int | None, skip_batches: int = 0):
-    """For `strategy.distribute_datasets_from_function`: each worker's pipeline yields its own
-    replicas' per-replica batches. It draws the same seeded global batches as `train_dataset`
-    and keeps this worker's contiguous slice, so the replicas see exactly what they would see
-    with `experimental_distribute_dataset` (and N workers still train like one replica)."""
-
-    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        per_replica = context.get_per_replica_batch_size(global_batch)
-        local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
-        start = context.input_pipeline_id * local_replicas * per_replica
-
-        def this_workers_batches(indices):
-            mine = indices[start:start + local_replicas * per_replica]
-            return tf.data.Dataset.from_tensor_slices(tf.reshape(mine, [local_replicas, per_replica]))
-
-        dataset = _index_batches(len(images), global_batch, seed, skip_batches)
-        dataset = dataset.flat_map(this_workers_batches)
-        dataset = dataset.map(_gather_normalised(images, labels), num_parallel_calls=tf.data.AUTOTUNE)
-        return dataset.prefetch(tf.data.AUTOTUNE)
-
-    return dataset_fn
-
-
-def eval_dataset(images, labels, global_batch: int):
-    """Every test example once, in order, the last partial batch included."""
-    dataset = tf.data.Dataset.from_tensor_slices((images, labels)).batch(global_batch)
-    dataset = dataset.map(_normalise, num_parallel_calls=tf.data.AUTOTUNE)
-    return _with_options(dataset.prefetch(tf.data.AUTOTUNE))
-
-
-def distributed_train_data(strategy, data: ArrayData, config, seed: int, skip_batches: int):
-    """The training stream split across replicas, by `--input_mode`."""
-    arrays = (data.train_images, data.train_labels, config.global_batch, seed, skip_batches)
+def distributed_train_data(strategy, source, config, task, seed: int, skip_batches: int):
+    """The endless training stream split across replicas."""
+    augment = example_augmentation(task, seed)
+    if source.streamed:
+        return strategy.distribute_datasets_from_function(
+            source.train_dataset_fn(config.global_batch, seed, skip_batches, augment))
     if config.input_mode == "per_worker":
-        return strategy.distribute_datasets_from_function(per_worker_train_dataset_fn(*arrays))
+        return strategy.distribute_datasets_from_function(
+            source.per_worker_train_dataset_fn(config.global_batch, seed, skip_batches, augment))
     if config.input_mode != "distribute_dataset":
         raise UserError(f"unknown --input_mode={config.input_mode!r}; valid: {', '.join(INPUT_MODES)}")
-    return strategy.experimental_distribute_dataset(train_dataset(*arrays))
+    return strategy.experimental_distribute_dataset(
+        source.train_dataset(config.global_batch, seed, skip_batches, augment))
 
 
-def steps_per_epoch(data: ArrayData, global_batch: int) -> int:
-    steps = len(data.train_images) // global_batch
+def distributed_eval_data(strategy, source, config):
+    """Every test example exactly once, split across replicas (and workers)."""
+    if source.streamed:
+        return strategy.distribute_datasets_from_function(source.eval_dataset_fn(config.global_batch))
+    return strategy.experimental_distribute_dataset(source.eval_dataset(config.global_batch))
+
+
+def steps_per_epoch(source, global_batch: int) -> int:
+    steps = source.num_train // global_batch
     if steps == 0:
         raise UserError(
-            f"--global_batch={global_batch} is larger than the {len(data.train_images)} training examples"
+            f"--global_batch={global_batch} is larger than the {source.num_train} training examples"
         )
     return steps

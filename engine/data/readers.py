@@ -1,4 +1,4 @@
-"""File readers: IDX (`*-idx3-ubyte[.gz]`) and Keras' `mnist.npz`. Pure NumPy, no TensorFlow.
+"""File readers: IDX (`*-idx3-ubyte[.gz]`) and npz archives (Keras' `mnist.npz`). Pure NumPy, no TensorFlow.
 
 Every malformed file is a UserError naming the file and what is wrong with it.
 """
@@ -97,13 +97,16 @@ def read_idx_split(directory: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-def read_mnist_npz(path: str) -> dict[str, np.ndarray]:
-    """Keras' mnist.npz: x_train, y_train, x_test, y_test."""
+def read_npz(path: str, what: str = "an npz data set") -> dict[str, np.ndarray]:
+    """Arrays x_train, y_train, x_test, y_test (Keras' mnist.npz has exactly these)."""
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: no such file (expected {what} with arrays x_train, y_train, x_test, y_test)")
     try:
         with np.load(path, allow_pickle=False) as npz:
             missing = {"x_train", "y_train", "x_test", "y_test"} - set(npz.files)
             if missing:
-                raise UserError(f"{path}: not a Keras mnist.npz, missing arrays {sorted(missing)}")
+                raise UserError(f"{path}: not {what}, missing arrays {sorted(missing)} "
+                                f"(it has {sorted(npz.files)})")
             return {k: npz[k] for k in ("x_train", "y_train", "x_test", "y_test")}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
         raise UserError(f"cannot read {path} as a .npz file: {err}") from None

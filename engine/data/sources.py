@@ -1,92 +1,89 @@
-"""Data sources: where the arrays come from (built-in names, local files, generated), validated.
+"""`--dataset` -> a validated source: what the Task's data is and where it comes from.
 
-A source gives an `ArrayData`: train and test arrays plus what the Task needs to know of them.
+Built-in names (in memory): mnist, fashion_mnist, synthetic. Sources with an argument:
+  npz:PATH                          arrays x_train, y_train, x_test, y_test of any shape (in memory)
+  tfrecord:TRAIN_GLOB[,TEST_GLOB]   tf.train.Example shards, streamed (engine/data/tfrecord.py)
+A source is an `ArraySource` (engine/data/arrays.py) or a `StreamSource` (engine/data/streams.py):
+both give `spec` (a DataSpec), `num_train`, `num_test` and their pipelines.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import numpy as np
 
 from engine.config import DATASETS
 from engine.data import readers
+from engine.data.arrays import ArraySource
 from engine.errors import UserError
 
 DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 
-@dataclasses.dataclass(frozen=True)
-class ArrayData:
-    """A whole dataset in memory: uint8 images (N, H, W) and integer labels (N,)."""
-
-    name: str
-    source: str
-    train_images: np.ndarray
-    train_labels: np.ndarray
-    test_images: np.ndarray
-    test_labels: np.ndarray
-    num_classes: int = 10
-
-    @property
-    def image_shape(self) -> tuple:
-        return tuple(self.train_images.shape[1:]) + (1,)
+SOURCE_KINDS = ("npz", "tfrecord")  # --dataset=KIND:ARGUMENT
 
 
-def load(config) -> ArrayData:
-    """Loads `config.dataset` (one of DATASETS) and validates it."""
-    if config.dataset not in DATASETS:
-        raise UserError(f"unknown --dataset={config.dataset!r}; valid: {', '.join(DATASETS)}")
+def load(config, parse_example=None):
+    """The source `config.dataset` names, validated. `parse_example`: a Task's record parser."""
+    kind, colon, argument = config.dataset.partition(":")
     if config.data_dir is not None and not os.path.isdir(config.data_dir):
         raise UserError(f"--data_dir={config.data_dir} is not a directory")
-    loader = {"mnist": _load_mnist, "fashion_mnist": _load_fashion_mnist, "synthetic": _load_synthetic}
-    data = loader[config.dataset](config)
-    validate(data)
-    return data
+    if not colon:
+        if kind not in DATASETS:
+            raise UserError(f"unknown --dataset={config.dataset!r}; valid: {', '.join(DATASETS)}, or "
+                            f"{', '.join(k + ':...' for k in SOURCE_KINDS)}")
+        loader = {"mnist": _load_mnist, "fashion_mnist": _load_fashion_mnist, "synthetic": _load_synthetic}
+        source = loader[kind](config)
+    elif kind not in SOURCE_KINDS or not argument:
+        raise UserError(f"--dataset={config.dataset!r}: expected one of {', '.join(DATASETS)} or "
+                        "npz:PATH, tfrecord:TRAIN_GLOB[,TEST_GLOB]")
+    elif kind == "npz":
+        source = _load_npz(argument, config)
+    else:
+        from engine.data import tfrecord
+
+        source = tfrecord.load(argument, config, parse_example)
+    _check_options(config, source)
+    return source
 
 
-def validate(data: ArrayData) -> None:
-    for split in ("train", "test"):
-        images = getattr(data, f"{split}_images")
-        labels = getattr(data, f"{split}_labels")
-        if images.ndim != 3:
-            raise UserError(
-                f"{data.source}: {split} images have shape {images.shape}, expected (N, height, width)"
-            )
-        if images.shape[1:] != data.train_images.shape[1:]:
-            raise UserError(
-                f"{data.source}: test images are {images.shape[1:]}, train images {data.train_images.shape[1:]}"
-            )
-        if labels.shape != (len(images),):
-            raise UserError(
-                f"{data.source}: {split} labels have shape {labels.shape}, expected ({len(images)},)"
-            )
-        if len(images) == 0:
-            raise UserError(f"{data.source}: the {split} split is empty")
-        low, high = int(labels.min()), int(labels.max())
-        if low < 0 or high >= data.num_classes:
-            raise UserError(
-                f"{data.source}: {split} labels range over [{low}, {high}], expected [0, {data.num_classes - 1}]"
-            )
+def _check_options(config, source) -> None:
+    if config.num_classes and source.spec.num_classes not in (None, config.num_classes):
+        raise UserError(f"--num_classes={config.num_classes} but {source.where} has "
+                        f"{source.spec.num_classes} classes")
 
 
-def _from_idx_dir(name: str, directory: str) -> ArrayData:
+def _load_npz(path: str, config) -> ArraySource:
+    arrays = readers.read_npz(path)
+    return ArraySource(f"npz:{path}", path, arrays["x_train"], arrays["y_train"], arrays["x_test"],
+                       arrays["y_test"], num_classes=config.num_classes or None)
+
+
+def _from_idx_dir(name: str, directory: str) -> ArraySource:
     train = readers.read_idx_split(directory, "train")
     test = readers.read_idx_split(directory, "test")
-    return ArrayData(name, directory, *train, *test)
+    return _ten_classes(name, directory, *train, *test)
 
 
-def _from_npz(name: str, path: str) -> ArrayData:
-    arrays = readers.read_mnist_npz(path)
-    return ArrayData(name, path, arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"])
+def _ten_classes(name, where, x_train, y_train, x_test, y_test) -> ArraySource:
+    """MNIST-shaped data: (N, 28, 28) uint8 images, labels in [0, 10)."""
+    for split, x in (("train", x_train), ("test", x_test)):
+        if x.ndim != 3:
+            raise UserError(f"{where}: {split} images have shape {x.shape}, expected (N, height, width)")
+    return ArraySource(name, where, x_train, y_train, x_test, y_test, num_classes=10)
+
+
+def _from_npz(name: str, path: str) -> ArraySource:
+    arrays = readers.read_npz(path, what="a Keras mnist.npz")
+    return _ten_classes(name, path, arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"])
 
 
 def _keras_cache_dir() -> str:
     return os.path.join(os.environ.get("KERAS_HOME", os.path.expanduser("~/.keras")), "datasets")
 
 
-def _keras_download(name: str, config) -> ArrayData:
+def _keras_download(name: str, config) -> ArraySource:
     """Keras' own download; with no network, a UserError naming the files and the alternatives."""
     import keras
 
@@ -101,10 +98,10 @@ def _keras_download(name: str, config) -> ArrayData:
             f"place {files} in --data_dir (or {_keras_cache_dir()}), "
             "or use --dataset=fashion_mnist (Debian package dataset-fashion-mnist) or --dataset=synthetic"
         ) from None
-    return ArrayData(name, "keras download", x_train, y_train, x_test, y_test)
+    return _ten_classes(name, "keras download", x_train, y_train, x_test, y_test)
 
 
-def _load_local(name: str, directories, npz_name: str | None) -> ArrayData | None:
+def _load_local(name: str, directories, npz_name: str | None) -> ArraySource | None:
     for directory in directories:
         if directory is None:
             continue
@@ -115,7 +112,7 @@ def _load_local(name: str, directories, npz_name: str | None) -> ArrayData | Non
     return None
 
 
-def _load_mnist(config) -> ArrayData:
+def _load_mnist(config) -> ArraySource:
     if config.data_dir is not None:
         data = _load_local("mnist", [config.data_dir], "mnist.npz")
         if data is None:
@@ -128,7 +125,7 @@ def _load_mnist(config) -> ArrayData:
     return _load_local("mnist", [_keras_cache_dir()], "mnist.npz") or _keras_download("mnist", config)
 
 
-def _load_fashion_mnist(config) -> ArrayData:
+def _load_fashion_mnist(config) -> ArraySource:
     if config.data_dir is not None:
         data = _load_local("fashion_mnist", [config.data_dir], None)
         if data is None:
@@ -142,26 +139,44 @@ def _load_fashion_mnist(config) -> ArrayData:
     return local or _keras_download("fashion_mnist", config)
 
 
-def synthetic_arrays(num_examples: int, seed: int, num_classes: int = 10, size: int = 28):
-    """MNIST-shaped uint8 images whose label is decided by their pixels (learnable), deterministic.
+def synthetic_arrays(num_examples: int, seed: int, num_classes: int = 10, shape=(28, 28)):
+    """uint8 examples of `shape` whose label is decided by their values (learnable), deterministic.
 
-    Each class has a fixed random template of bright blobs; an image is its class's template,
-    shifted by up to 2 pixels each way, plus strong noise, so a model needs a few hundred steps.
+    Each class has a fixed random template of bright blobs; an example is its class's template,
+    shifted by up to 2 places along its first two axes, plus strong noise, so a model needs a few
+    hundred steps. (28, 28) gives MNIST-shaped grey images; (32, 32, 3) colour ones.
     """
-    templates = np.random.default_rng(20240601).random((num_classes, size, size)) > 0.85
+    shape = tuple(shape)
+    templates = np.random.default_rng(20240601).random((num_classes, *shape)) > 0.85
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, num_classes, size=num_examples).astype(np.uint8)
+    axes = tuple(range(1, min(len(shape), 2) + 1))
     shifts = rng.integers(-2, 3, size=(num_examples, 2))
-    images = np.empty((num_examples, size, size), dtype=np.float32)
+    if len(axes) == 1:
+        shifts[:, 1] = 0
+    images = np.empty((num_examples, *shape), dtype=np.float32)
     for dy in range(-2, 3):
         for dx in range(-2, 3):
             chosen = (shifts[:, 0] == dy) & (shifts[:, 1] == dx)
-            images[chosen] = np.roll(templates, (dy, dx), axis=(1, 2))[labels[chosen]] * 120.0
+            if chosen.any():
+                images[chosen] = np.roll(templates, (dy, dx)[:len(axes)], axis=axes)[labels[chosen]] * 120.0
     images += rng.normal(40.0, 60.0, size=images.shape).astype(np.float32)
     return np.clip(images, 0, 255).astype(np.uint8), labels
 
 
-def _load_synthetic(config) -> ArrayData:
-    train = synthetic_arrays(config.synthetic_train_examples, seed=1)
-    test = synthetic_arrays(config.synthetic_test_examples, seed=2)
-    return ArrayData("synthetic", "synthetic (generated in memory)", *train, *test)
+def parse_shape(text: str, flag: str) -> tuple:
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise UserError(f"--{flag}={text!r}: expected positive integers separated by commas, e.g. 32,32,3")
+    return shape
+
+
+def _load_synthetic(config) -> ArraySource:
+    classes = config.num_classes or 10
+    shape = parse_shape(config.synthetic_shape, "synthetic_shape")
+    train = synthetic_arrays(config.synthetic_train_examples, seed=1, num_classes=classes, shape=shape)
+    test = synthetic_arrays(config.synthetic_test_examples, seed=2, num_classes=classes, shape=shape)
+    return ArraySource("synthetic", "synthetic (generated in memory)", *train, *test, num_classes=classes)

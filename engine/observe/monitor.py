@@ -60,11 +60,11 @@ class Monitor:
         train.write_text(0, "engine_version", f"ctl-engine {__version__}")
         if not self.full:
             return
-        count = min(SAMPLE_INPUTS, len(self.data.train_images))
-        labels = [str(int(label)) for label in self.data.train_labels[:count]]
-        train.write_images(0, "sample_inputs", images_lib.grid(
-            self.data.train_images[:count], captions=labels, caption_color=(64, 220, 64)),
-            description="The first training images with their labels (before shuffling).")
+        if self.data.spec.is_image:
+            images, labels = self.data.preview(min(SAMPLE_INPUTS, self.data.num_train))
+            captions = [str(int(label)) for label in labels] if labels.ndim == 1 else None
+            train.write_images(0, "sample_inputs", images_lib.grid(images, captions=captions, caption_color=(64, 220, 64)),
+                               description="The first training images with their labels (before shuffling).")
         flags = {k: v for k, v in self.config.as_dict().items() if k != "model_dir"}
         evaluation.write_hparams(hparam_values(flags, extra_hparams),
                                  self.task.eval_metrics, trial_id=os.path.basename(
@@ -100,41 +100,49 @@ class Monitor:
     def after_eval(self, step: int) -> None:
         if not (self.full and self.is_chief):
             return
-        predictions = self._predictions()
-        if predictions is None:
+        found = self._predictions()
+        if found is None:
             return
-        labels, num_classes = self.data.test_labels, self.data.num_classes
+        labels, predictions, wrong_images = found
+        num_classes = self.data.spec.num_classes
         counts = images_lib.confusion_matrix(labels, predictions, num_classes)
         writer = self.writers["eval"]
         writer.write_images(step, "confusion_matrix", images_lib.confusion_image(counts), description=(
             f"Rows: true class, columns: predicted, over all {len(labels)} test examples (row-normalised "
             "colour, counts in the cells)."))
-        grid, pairs = images_lib.misclassified_grid(self.data.test_images, labels, predictions, MISCLASSIFIED)
-        writer.write_images(step, "misclassified", grid, description=(
-            f"The first {MISCLASSIFIED} wrong test predictions, each captioned true>predicted; the "
-            "text misclassified_labels of the same step lists them."))
+        wrong = np.flatnonzero(labels != predictions)[:len(wrong_images)]
+        grid, pairs = images_lib.misclassified_grid(np.asarray(wrong_images), labels[wrong], predictions[wrong],
+                                                    MISCLASSIFIED)
+        if grid is not None:
+            writer.write_images(step, "misclassified", grid, description=(
+                f"The first {MISCLASSIFIED} wrong test predictions, each captioned true>predicted; the "
+                "text misclassified_labels of the same step lists them."))
         writer.write_text(step, "misclassified_labels", (
             f"{int((labels != predictions).sum())} of {len(labels)} test images wrong; the first "
             f"{len(pairs)} (true>predicted): " + ", ".join(f"{t}>{p}" for t, p in pairs)))
 
     def _predictions(self):
-        """Predicted classes of every test image from the chief's local copy of the weights: a plain
-        forward pass outside strategy.run reads mirrored variables locally (no collective). None
-        when the model's outputs are not one logit per class (a custom Task)."""
-        model, data = self.task.model, self.data
+        """(labels, predicted classes, the first wrong images) over every test example, from the
+        chief's local copy of the weights: a plain forward pass outside strategy.run reads mirrored
+        variables locally (no collective). None when the data has no classes or the model's outputs
+        are not one logit per class (a custom Task)."""
+        model, spec = self.task.model, self.data.spec
+        if not spec.num_classes or spec.labels.shape.rank != 0:
+            return None
         if self._predict is None:
-            spec = tf.TensorSpec([None, *data.image_shape], tf.float32)
-
-            @tf.function(input_signature=[spec])
+            @tf.function(input_signature=[tf.TensorSpec([None, *spec.input_shape], spec.features.dtype)])
             def predict(x):
                 return model(x, training=False)
 
             self._predict = predict
-        out = []
-        for start in range(0, len(data.test_images), PREDICT_BATCH):
-            batch = data.test_images[start:start + PREDICT_BATCH].astype(np.float32) / 255.0
-            logits = self._predict(batch.reshape((-1, *data.image_shape))).numpy()
-            if logits.ndim != 2 or logits.shape[-1] != data.num_classes:
+        all_labels, all_predictions, wrong_images = [], [], []
+        for features, labels in self.data.test_batches(PREDICT_BATCH):
+            logits = self._predict(features).numpy()
+            if logits.ndim != 2 or logits.shape[-1] != spec.num_classes:
                 return None
-            out.append(logits.argmax(axis=-1))
-        return np.concatenate(out)
+            predictions = logits.argmax(axis=-1)
+            if spec.is_image and len(wrong_images) < MISCLASSIFIED:
+                wrong_images.extend(features[labels != predictions][:MISCLASSIFIED - len(wrong_images)])
+            all_labels.append(labels)
+            all_predictions.append(predictions)
+        return np.concatenate(all_labels), np.concatenate(all_predictions), wrong_images

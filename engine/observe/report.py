@@ -21,8 +21,9 @@ def banner(config, placement, data, per_replica, schedule, seed, model, start_st
         + (f", clip global norm {config.clip_norm}" if config.clip_norm else "")
         + (f", weight decay {config.weight_decay}" if config.weight_decay else "")
         + (f", learning rate {config.lr_schedule}" if config.lr_schedule != "constant" else ""),
-        f"data         {data.name}: {len(data.train_images)} train / {len(data.test_images)} test "
-        f"images {data.image_shape}, from {data.source}",
+        f"data         {data.name}: {data.num_train} train / {data.num_test} test, "
+        f"{data.spec.describe()}, from {data.where}",
+        f"input        {data.sharding(placement.num_workers)}",
         f"model        {config.model} ({model.count_params():,} parameters), task {config.task}, "
         f"input {config.input_mode}",
         f"schedule     {schedule.total_steps} steps ({schedule.total_steps / schedule.steps_per_epoch:.2f} "

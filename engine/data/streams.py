@@ -1,0 +1,160 @@
+"""Streamed sources (TFRecord shards, image folders): read lazily from files, never whole.
+
+A stream source is a list of UNITS (a TFRecord file; an image file with its label) and two
+functions: `read(unit) -> tf.data.Dataset` of raw records (bytes, no decoding) and
+`decode(record) -> (features, label)`. Its pipelines:
+
+Training, per input pipeline (one per worker):
+    units of this pipeline (sharded, see below) -> epoch e: units in a (seed, e) order ->
+    interleave(read, deterministic) -> shuffle(--shuffle_buffer, seed (seed, e)) -> endless
+    -> skip(records already trained, on resume: raw records, nothing decoded)
+    -> decode (+ the Task's augmentation, seeded by the record's stream position)
+    -> batch(per-replica batch) -> prefetch
+--cache keeps each pipeline's raw records in memory after the first pass (the units are then
+read in one fixed order and the shuffle buffer alone shuffles).
+Evaluation: the units in order -> read -> decode -> batch(per-replica, partial kept) -> prefetch.
+
+Both go through `strategy.distribute_datasets_from_function`. With one pipeline its replicas
+take consecutive per-replica batches, i.e. exactly the global batches of one replica's stream, so
+N replicas train like one. With several workers the units are split by FILE (pipeline i reads
+units i, i+n, ...) when there are at least as many units as pipelines, else by DATA (every
+pipeline reads all units and keeps every n-th record): each example is read by one worker.
+
+Resume skips the records already trained without decoding them: the cost is reading and
+shuffling their bytes again (see README "Data" for measured seconds).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from engine.data.arrays import with_options
+from engine.errors import UserError
+
+DEFAULT_SHUFFLE_BUFFER = 10_000
+CYCLE_LENGTH = 8  # files read at once by the interleave
+
+
+def epoch_seed(seed: int, epoch):
+    """A per-epoch int64 seed for tf.data's shuffle, from the run's seed and the epoch tensor."""
+    return tf.constant(seed, tf.int64) * 1_000_003 + epoch
+
+
+class StreamSource:
+    """Train/test units, their reader and decoder, and what is known of the data."""
+
+    streamed = True
+
+    def __init__(self, *, name, where, train_units, test_units, read, decode, spec, num_train, num_test,
+                 shuffle_buffer=DEFAULT_SHUFFLE_BUFFER, cache=False):
+        self.name, self.where, self.spec = name, where, spec
+        self.train_units, self.test_units = train_units, test_units
+        self.read, self.decode = read, decode
+        self.num_train, self.num_test = num_train, num_test
+        self.shuffle_buffer, self.cache = shuffle_buffer, cache
+
+    def _units_for(self, units, pipeline: int, pipelines: int):
+        """(this pipeline's units, whether records must still be split by DATA)."""
+        count = len(tf.nest.flatten(units)[0])
+        if pipelines == 1:
+            return units, False
+        if count >= pipelines:
+            return tf.nest.map_structure(lambda u: u[pipeline::pipelines], units), False
+        return units, True
+
+    def sharding(self, num_pipelines: int) -> str:
+        count = len(tf.nest.flatten(self.train_units)[0])
+        if num_pipelines == 1:
+            return f"one input pipeline over {count} files"
+        if count >= num_pipelines:
+            return f"by FILE: {count} files over {num_pipelines} input pipelines"
+        return f"by DATA: {count} files < {num_pipelines} input pipelines, each keeps every {num_pipelines}-th record"
+
+    def _records(self, units, by_data, pipeline, pipelines):
+        dataset = tf.data.Dataset.from_tensor_slices(units)
+        dataset = dataset.interleave(self._read_unit, cycle_length=CYCLE_LENGTH,
+                                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return dataset.shard(pipelines, pipeline) if by_data else dataset
+
+    def _read_unit(self, *unit):
+        return self.read(*unit)
+
+    def train_dataset_fn(self, global_batch: int, seed: int, skip_batches: int = 0, augment=None):
+        def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            per_replica = context.get_per_replica_batch_size(global_batch)
+            local_batch = per_replica * (context.num_replicas_in_sync // context.num_input_pipelines)
+            pipeline, pipelines = context.input_pipeline_id, context.num_input_pipelines
+            units, by_data = self._units_for(self.train_units, pipeline, pipelines)
+            count = len(tf.nest.flatten(units)[0])
+
+            cached = self._records(units, by_data, pipeline, pipelines).cache() if self.cache else None
+
+            def epoch(e):
+                if cached is not None:  # --cache: units in a fixed order, read once; the buffer shuffles
+                    records = cached
+                else:
+                    order = tf.random.experimental.stateless_shuffle(
+                        tf.range(count, dtype=tf.int32), seed=tf.stack([tf.constant(seed, tf.int64), e]))
+                    shuffled = tf.nest.map_structure(lambda u: tf.gather(u, order), units)
+                    records = self._records(shuffled, by_data, pipeline, pipelines)
+                return records.shuffle(self.shuffle_buffer, seed=epoch_seed(seed, e))
+
+            records = tf.data.Dataset.range(2**62).flat_map(epoch).enumerate()
+            if skip_batches:
+                records = records.skip(skip_batches * local_batch)
+            decode = self._decode_with_position(augment, pipeline)
+            dataset = records.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+            dataset = dataset.batch(per_replica, drop_remainder=True)
+            return with_options(dataset.prefetch(tf.data.AUTOTUNE),
+                                policy=tf.data.experimental.AutoShardPolicy.OFF)
+
+        return dataset_fn
+
+    def _decode_with_position(self, augment, pipeline):
+        def decode(position, record):
+            x, y = self.decode(record)
+            if augment is not None:
+                x, y = augment(x, y, position + tf.constant(pipeline, tf.int64) * (1 << 40))
+            return x, y
+
+        return decode
+
+    def eval_dataset_fn(self, global_batch: int):
+        def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            per_replica = context.get_per_replica_batch_size(global_batch)
+            pipeline, pipelines = context.input_pipeline_id, context.num_input_pipelines
+            units, by_data = self._units_for(self.test_units, pipeline, pipelines)
+            dataset = self._records(units, by_data, pipeline, pipelines)
+            if self.cache:
+                dataset = dataset.cache()  # raw records of the test split, kept after the first eval
+            dataset = dataset.map(self.decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            return with_options(dataset.batch(per_replica).prefetch(tf.data.AUTOTUNE),
+                                policy=tf.data.experimental.AutoShardPolicy.OFF)
+
+        return dataset_fn
+
+    def _local(self, units, batch_size):
+        dataset = self._records(units, False, 0, 1).map(self.decode, num_parallel_calls=tf.data.AUTOTUNE)
+        return dataset.batch(batch_size).prefetch(2)
+
+    def preview(self, count: int):
+        x, y = next(iter(self._local(self.train_units, count)))
+        return x.numpy(), y.numpy()
+
+    def test_batches(self, batch_size: int):
+        for x, y in self._local(self.test_units, batch_size):
+            yield x.numpy(), y.numpy()
+
+
+def count_records(units, read) -> int:
+    """How many records the units hold (reads their bytes once, decodes nothing)."""
+    dataset = tf.data.Dataset.from_tensor_slices(units).interleave(
+        lambda *u: read(*u), cycle_length=CYCLE_LENGTH, num_parallel_calls=tf.data.AUTOTUNE)
+    return int(dataset.reduce(np.int64(0), lambda n, _: n + 1).numpy())
+
+
+def check_not_empty(where: str, split: str, count: int) -> int:
+    if count == 0:
+        raise UserError(f"{where}: the {split} split holds no records")
+    return count

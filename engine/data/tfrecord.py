@@ -1,0 +1,193 @@
+"""`--dataset=tfrecord:TRAIN_GLOB[,TEST_GLOB]`: tf.train.Example records, streamed.
+
+The default schema (what `write_shards` writes), one example per record:
+  "image"  bytes: an encoded PNG or JPEG image (decoded with tf.io, to float [0, 1]),  or
+  "x"      bytes: the example's features as tf.io.serialize_tensor (any shape and dtype),
+  "label"  int64 (a class id) or float (a regression target), one value or a fixed-length list.
+A Task with its own record layout defines `parse_example(serialized) -> (features, label)` as a
+staticmethod; the engine then uses it instead (--num_classes says the class count).
+
+Write shards from arrays (any `npz:` file with x_train, y_train, x_test, y_test):
+  python -m engine.data.tfrecord --npz=data.npz --out=DIR --shards=8
+  python run.py --dataset=tfrecord:DIR/train-*.tfrecord,DIR/test-*.tfrecord
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from engine.data import streams
+from engine.data.arrays import normalise_features, normalise_labels
+from engine.data.spec import DataSpec
+from engine.errors import UserError
+
+
+def _files(pattern: str, what: str) -> np.ndarray:
+    files = sorted(tf.io.gfile.glob(pattern))
+    if not files:
+        raise UserError(f"--dataset=tfrecord: the {what} pattern {pattern!r} matches no file")
+    return np.array(files)
+
+
+def _first_example(path: str) -> tf.train.Example:
+    for record in tf.data.TFRecordDataset(path).take(1):
+        try:
+            return tf.train.Example.FromString(record.numpy())
+        except Exception:
+            raise UserError(f"{path}: its first record is not a tf.train.Example") from None
+    raise UserError(f"{path}: holds no records")
+
+
+def _default_schema(path: str):
+    """(decode function, label feature) of the default schema, from the first record of `path`."""
+    features = _first_example(path).features.feature
+    if "label" not in features or ("image" not in features and "x" not in features):
+        raise UserError(
+            f"{path}: records have features {sorted(features)}; the default schema needs 'label' and "
+            "'image' (encoded PNG/JPEG) or 'x' (serialized tensor); or give the Task a parse_example")
+    label = features["label"]
+    label_dtype, label_len = ((tf.int64, len(label.int64_list.value)) if label.WhichOneof("kind") == "int64_list"
+                              else (tf.float32, len(label.float_list.value)))
+    label_shape = () if label_len == 1 else (label_len,)
+    spec = {"label": tf.io.FixedLenFeature(label_shape, label_dtype)}
+    if "image" in features:
+        spec["image"] = tf.io.FixedLenFeature((), tf.string)
+        shape = tf.io.decode_image(features["image"].bytes_list.value[0], expand_animations=False).shape
+        channels = shape[-1]
+
+        def to_features(parsed):
+            image = tf.io.decode_image(parsed["image"], channels=channels, expand_animations=False)
+            return tf.ensure_shape(image, shape)
+    else:
+        from tensorflow.core.framework import tensor_pb2
+
+        spec["x"] = tf.io.FixedLenFeature((), tf.string)
+        proto = tensor_pb2.TensorProto.FromString(features["x"].bytes_list.value[0])
+        dtype, shape = tf.as_dtype(proto.dtype), [d.size for d in proto.tensor_shape.dim]
+
+        def to_features(parsed):
+            return tf.ensure_shape(tf.io.parse_tensor(parsed["x"], dtype), shape)
+
+    def decode(serialized):
+        parsed = tf.io.parse_single_example(serialized, spec)
+        return normalise_features(to_features(parsed), batched=False), normalise_labels(parsed["label"])
+
+    return decode, spec["label"]
+
+
+def _label_range(files, label_feature, where):
+    """(min, max) of the integer labels over all records (parses only the label), naming a corrupt file."""
+    low, high = None, None
+    for path in files:
+        dataset = tf.data.TFRecordDataset(path).batch(4096).map(
+            lambda s: tf.io.parse_example(s, {"label": label_feature})["label"])
+        try:
+            for labels in dataset:
+                labels = labels.numpy()
+                if labels.size:
+                    low = labels.min() if low is None else min(low, labels.min())
+                    high = labels.max() if high is None else max(high, labels.max())
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
+            raise UserError(f"{path}: corrupt record ({err.message.splitlines()[0][:160]})") from None
+    if low is None:
+        raise UserError(f"{where}: no records")
+    return int(low), int(high)
+
+
+def _count(files) -> int:
+    total = 0
+    for path in files:
+        try:
+            total += streams.count_records(np.array([path]), tf.data.TFRecordDataset)
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
+            raise UserError(f"{path}: corrupt record ({err.message.splitlines()[0][:160]})") from None
+    return total
+
+
+def load(argument: str, config, parse_example=None) -> streams.StreamSource:
+    """`argument` is TRAIN_GLOB[,TEST_GLOB]; without TEST_GLOB the train files serve both splits."""
+    train_glob, _, test_glob = argument.partition(",")
+    train_files = _files(train_glob, "train")
+    test_files = _files(test_glob, "test") if test_glob else train_files
+    where = f"TFRecords {train_glob}" + (f" (test {test_glob})" if test_glob else " (also the test split)")
+    num_train, num_test = _count(train_files), _count(test_files)
+    num_classes = config.num_classes or None
+    if parse_example is not None:
+        decode = parse_example
+    else:
+        decode, label_feature = _default_schema(train_files[0])
+        if label_feature.dtype == tf.int64:
+            low_high = [_label_range(f, label_feature, where) for f in (train_files, test_files)]
+            num_classes = num_classes or max(h for _, h in low_high) + 1
+            for split, (low, high) in zip(("train", "test"), low_high):
+                if low < 0 or high >= num_classes:
+                    raise UserError(f"{where}: {split} labels range over [{low}, {high}], expected "
+                                    f"[0, {num_classes - 1}]")
+    element = tf.data.TFRecordDataset(train_files[:1]).map(decode).element_spec
+    if not (isinstance(element, tuple) and len(element) == 2):
+        raise UserError(f"--dataset=tfrecord: parse_example must return (features, label), got {element}")
+    spec = DataSpec.of(element, num_classes if element[1].dtype.is_integer else None)
+    if spec.features.shape.num_elements() is None:
+        raise UserError(f"{where}: features have an unknown shape {spec.features.shape}; every example "
+                        "must have the same shape (resize images when writing them, or in parse_example)")
+    return streams.StreamSource(
+        name=f"tfrecord:{argument}", where=where, train_units=train_files, test_units=test_files,
+        read=tf.data.TFRecordDataset, decode=decode, spec=spec,
+        num_train=streams.check_not_empty(where, "train", num_train),
+        num_test=streams.check_not_empty(where, "test", num_test),
+        shuffle_buffer=config.shuffle_buffer, cache=config.cache)
+
+
+# ---- writing the default schema ----
+def _bytes(value: bytes) -> tf.train.Feature:
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+
+def example(features: np.ndarray, label, encode_png: bool) -> bytes:
+    """One record of the default schema: PNG-encoded uint8 images, else the serialized tensor."""
+    label = np.asarray(label).reshape(-1)
+    entry = {"label": tf.train.Feature(int64_list=tf.train.Int64List(value=label.tolist()))
+             if np.issubdtype(label.dtype, np.integer)
+             else tf.train.Feature(float_list=tf.train.FloatList(value=label.tolist()))}
+    if encode_png:
+        image = features if features.ndim == 3 else features[..., None]
+        entry["image"] = _bytes(tf.io.encode_png(image).numpy())
+    else:
+        entry["x"] = _bytes(tf.io.serialize_tensor(tf.constant(features)).numpy())
+    return tf.train.Example(features=tf.train.Features(feature=entry)).SerializeToString()
+
+
+def write_shards(directory: str, split: str, x: np.ndarray, y: np.ndarray, shards: int) -> list:
+    """Writes x, y as `shards` files DIR/SPLIT-00000-of-0000N.tfrecord (examples dealt round-robin)."""
+    os.makedirs(directory, exist_ok=True)
+    encode_png = x.dtype == np.uint8 and x.ndim in (3, 4) and (x.ndim == 3 or x.shape[-1] in (1, 3, 4))
+    paths = [os.path.join(directory, f"{split}-{i:05d}-of-{shards:05d}.tfrecord") for i in range(shards)]
+    writers = [tf.io.TFRecordWriter(p) for p in paths]
+    try:
+        for i in range(len(x)):
+            writers[i % shards].write(example(x[i], y[i], encode_png))
+    finally:
+        for writer in writers:
+            writer.close()
+    return paths
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="Write an npz (x_train, y_train, x_test, y_test) as "
+                                     "TFRecord shards of the engine's default schema.")
+    parser.add_argument("--npz", required=True, help="input .npz with x_train, y_train, x_test, y_test")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--shards", type=int, default=8, help="files per split (default 8)")
+    args = parser.parse_args(argv)
+    with np.load(args.npz) as arrays:
+        for split in ("train", "test"):
+            paths = write_shards(args.out, split, arrays[f"x_{split}"], arrays[f"y_{split}"], args.shards)
+            print(f"{split}: {len(arrays[f'x_{split}'])} examples in {len(paths)} files {paths[0]} ...")
+
+
+if __name__ == "__main__":
+    main()
