@@ -1,0 +1,223 @@
+"""Data sources: npz of any shape, synthetic shapes, TFRecord streams (schema, sharding, eval once,
+resume), augmentation seeds, and the sources' bad input."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import small_config
+from engine.config import Config
+from engine.controller.trainer import train
+from engine.data import sources, tfrecord
+from engine.data.pipelines import example_augmentation
+from engine.distribute.strategy import build_strategy
+from engine.errors import UserError
+from engine.loop import make_eval_loop
+from engine.task import Task
+from test_resume import checkpoint_state
+
+QUIET = open(os.devnull, "w")
+
+
+def write_npz(path, x_train, y_train, x_test, y_test):
+    np.savez(path, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
+    return str(path)
+
+
+def id_arrays(n, offset=0):
+    """Examples that carry their own id: features (4,) float32 all equal to the id, label id % 10."""
+    ids = np.arange(offset, offset + n)
+    return np.repeat(ids[:, None], 4, axis=1).astype(np.float32), (ids % 10).astype(np.int64)
+
+
+def id_shards(directory, n_train=200, n_test=1001, shards=4):
+    x, y = id_arrays(n_train)
+    xt, yt = id_arrays(n_test, offset=1000)
+    tfrecord.write_shards(str(directory), "train", x, y, shards)
+    tfrecord.write_shards(str(directory), "test", xt, yt, shards)
+    return f"tfrecord:{directory}/train-*.tfrecord,{directory}/test-*.tfrecord"
+
+
+# ---- in-memory sources ----
+def test_npz_any_shape_and_dtype(tmp_path):
+    rng = np.random.default_rng(0)
+    colour = write_npz(tmp_path / "c.npz", rng.integers(0, 256, (20, 8, 8, 3), dtype=np.uint8),
+                       rng.integers(0, 5, 20), rng.integers(0, 256, (7, 8, 8, 3), dtype=np.uint8),
+                       rng.integers(0, 5, 7))
+    source = sources.load(Config(dataset=f"npz:{colour}"))
+    assert source.spec.input_shape == (8, 8, 3) and source.spec.features.dtype == tf.float32
+    assert source.spec.num_classes == 5 and source.spec.is_image
+    x, _ = next(iter(source.eval_dataset(4)))
+    assert float(tf.reduce_max(x)) <= 1.0  # images normalised to [0, 1]
+
+    tokens = write_npz(tmp_path / "t.npz", rng.integers(0, 300, (20, 16), dtype=np.int64),
+                       rng.integers(0, 2, 20), rng.integers(0, 300, (5, 16), dtype=np.int64), rng.integers(0, 2, 5))
+    source = sources.load(Config(dataset=f"npz:{tokens}"))
+    assert source.spec.features.dtype == tf.int32 and source.spec.input_shape == (16,)
+    assert not source.spec.is_image
+
+    regression = write_npz(tmp_path / "r.npz", rng.random((20, 3)), rng.random(20), rng.random((5, 3)), rng.random(5))
+    source = sources.load(Config(dataset=f"npz:{regression}"))
+    assert source.spec.labels.dtype == tf.float32 and source.spec.num_classes is None
+
+
+def test_synthetic_shape_and_classes():
+    source = sources.load(Config(dataset="synthetic", synthetic_shape="32,32,3", num_classes=4,
+                                 synthetic_train_examples=64, synthetic_test_examples=8))
+    assert source.spec.input_shape == (32, 32, 3) and source.spec.num_classes == 4
+    assert source.y_train.max() < 4
+    vectors = sources.load(Config(dataset="synthetic", synthetic_shape="64", synthetic_train_examples=64,
+                                  synthetic_test_examples=8))
+    assert vectors.spec.input_shape == (64,)
+
+
+def test_colour_npz_trains_end_to_end(tmp_path):
+    x, y = sources.synthetic_arrays(512, seed=1, shape=(16, 16, 3))
+    xt, yt = sources.synthetic_arrays(101, seed=2, shape=(16, 16, 3))
+    path = write_npz(tmp_path / "c.npz", x, y, xt, yt)
+    result = train(small_config(tmp_path / "run", dataset=f"npz:{path}", train_steps=4, steps_per_loop=2), out=QUIET)
+    assert result.final_step == 4 and np.isfinite(result.eval_metrics["loss"])
+
+
+# ---- TFRecord streams ----
+def test_tfrecord_default_schema_round_trip(tmp_path):
+    images, labels = sources.synthetic_arrays(30, seed=1, shape=(8, 8, 3))
+    tfrecord.write_shards(str(tmp_path), "train", images, labels, 3)
+    source = tfrecord.load(f"{tmp_path}/train-*.tfrecord", Config(dataset="tfrecord:x"))
+    assert source.num_train == 30 and source.num_test == 30 and source.spec.num_classes == int(labels.max()) + 1
+    x, y = next(source.test_batches(100))
+    # Shards are dealt round-robin and read interleaved, one record of each in turn: the original order.
+    np.testing.assert_allclose(x, images / 255.0, atol=1e-6)
+    np.testing.assert_array_equal(y, labels)
+
+
+@pytest.mark.parametrize("shards, policy", [(4, "FILE"), (1, "DATA")])
+def test_two_workers_read_disjoint_examples(tmp_path, shards, policy):
+    dataset = id_shards(tmp_path, n_train=200, shards=shards)
+    source = sources.load(Config(dataset=dataset, shuffle_buffer=50))
+    assert policy in source.sharding(2)
+    per_worker = []
+    for pipeline in range(2):  # one epoch of each worker's share: 100 examples, 10 per batch
+        context = tf.distribute.InputContext(2, pipeline, 2)
+        batches = source.train_dataset_fn(40, seed=3)(context).take(10)
+        per_worker.append(np.concatenate([x.numpy()[:, 0] for x, _ in batches]).astype(np.int64))
+    assert not set(per_worker[0]) & set(per_worker[1])
+    assert len(set(per_worker[0]) | set(per_worker[1])) == 200
+
+
+class CountingTask(Task):
+    """Eval returns the number of examples and the sum of their ids (feature 0)."""
+    eval_metrics = ("examples", "id_sum")
+
+    def eval_step(self, batch):
+        x, _ = batch
+        return {"examples": (tf.cast(tf.shape(x)[0], tf.float32), tf.constant(1.0)),
+                "id_sum": (tf.reduce_sum(tf.cast(x[:, 0], tf.float64)), tf.constant(1.0))}
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_stream_eval_covers_every_example_once(tmp_path, replicas):
+    source = sources.load(Config(dataset=id_shards(tmp_path, n_test=1001)))
+    strategy = build_strategy("mirrored", replicas).strategy
+    task = CountingTask(small_config("/unused"), spec=source.spec)
+    totals = make_eval_loop(strategy, task)(
+        strategy.distribute_datasets_from_function(source.eval_dataset_fn(64)))
+    assert float(totals["examples"][0]) == 1001
+    assert float(totals["id_sum"][0]) == sum(range(1000, 2001))
+
+
+def test_stream_resume_skips_exactly(tmp_path):
+    source = sources.load(Config(dataset=id_shards(tmp_path, n_train=100), shuffle_buffer=30))
+    context = tf.distribute.InputContext(1, 0, 1)
+    straight = [x.numpy()[:, 0] for x, _ in source.train_dataset_fn(16, seed=5)(context).take(15)]
+    resumed = [x.numpy()[:, 0] for x, _ in source.train_dataset_fn(16, seed=5, skip_batches=9)(context).take(6)]
+    np.testing.assert_array_equal(np.concatenate(straight[9:]), np.concatenate(resumed))
+    epoch1 = np.concatenate(straight)[:96]
+    assert len(set(epoch1.astype(int))) == 96  # no example twice within an epoch (100 examples)
+
+
+@pytest.mark.parametrize("kind", ["npz", "tfrecord"])
+def test_resume_is_bitwise_on_one_deterministic_replica(tmp_path, kind):
+    x, y = sources.synthetic_arrays(640, seed=1, shape=(12, 12, 1))
+    xt, yt = sources.synthetic_arrays(64, seed=2, shape=(12, 12, 1))
+    if kind == "npz":
+        dataset = "npz:" + write_npz(tmp_path / "d.npz", x, y, xt, yt)
+    else:
+        tfrecord.write_shards(str(tmp_path / "rec"), "train", x, y, 3)
+        tfrecord.write_shards(str(tmp_path / "rec"), "test", xt, yt, 2)
+        dataset = f"tfrecord:{tmp_path}/rec/train-*,{tmp_path}/rec/test-*"
+    config = small_config(tmp_path / "stopped", dataset=dataset, train_steps=16, strategy="default",
+                          deterministic=True, shuffle_buffer=100)
+    train(config.replace(train_steps=7), out=QUIET)
+    assert train(config, out=QUIET).start_step == 7
+    train(config.replace(model_dir=str(tmp_path / "straight")), out=QUIET)
+    stopped, straight = checkpoint_state(tmp_path / "stopped"), checkpoint_state(tmp_path / "straight")
+    assert sorted(stopped) == sorted(straight)
+    assert all(np.array_equal(stopped[k], straight[k]) for k in stopped)
+
+
+# ---- augmentation ----
+class FlipTask(Task):
+    def augment_example(self, features, label, seed):
+        flip = tf.random.stateless_uniform([], seed=seed) < 0.5
+        return tf.where(flip, -features, features), label
+
+
+def test_augmentation_seeds_differ_per_example_and_epoch_and_repeat(tmp_path):
+    source = sources.load(Config(dataset=id_shards(tmp_path, n_train=64), shuffle_buffer=10))
+    task = FlipTask(small_config("/unused"), spec=source.spec)
+    context = tf.distribute.InputContext(1, 0, 1)
+
+    def signs(seed):
+        fn = source.train_dataset_fn(32, seed, augment=example_augmentation(task, seed))
+        return np.concatenate([np.sign(x.numpy()[:, 1]) for x, _ in fn(context).take(4)])
+
+    first = signs(1)
+    assert 0.2 < (first < 0).mean() < 0.8  # some examples flipped, some not
+    np.testing.assert_array_equal(first, signs(1))  # repeats with the seed
+    assert not np.array_equal(first, signs(2))
+    assert example_augmentation(Task(small_config("/unused"), spec=source.spec), 1) is None  # no hook: no map
+
+
+# ---- bad input: one clear error each ----
+def _bad_npz(tmp_path):
+    return "npz:" + write_npz(tmp_path / "b.npz", np.zeros((4, 3)), np.zeros(4, np.int64),
+                              np.zeros((2, 5)), np.zeros(2, np.int64))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: "tfrecord:" + str(p / "nothing-*.tfrecord"), "matches no file"),
+    (lambda p: "npz:" + str(p / "missing.npz"), "no such file"),
+    (lambda p: "npz:" + write_npz(p / "k.npz", np.zeros((4, 3)), np.zeros(4), np.zeros((2, 3)), np.zeros(2)), None),
+    (_bad_npz, r"test features are \(5,\), train features \(3,\)"),
+    (lambda p: "npz:" + write_npz(p / "l.npz", np.zeros((4, 3)), np.array([0, 1, 2, 12]),
+                                  np.zeros((2, 3)), np.zeros(2, np.int64)), r"labels range over \[0, 12\]"),
+    (lambda p: "parquet:x", "expected one of"),
+    (lambda p: "imagenet", "unknown --dataset"),
+], ids=["glob", "npz_missing", "npz_ok", "shapes", "labels", "kind", "name"])
+def test_bad_sources_are_one_line_errors(tmp_path, make, message):
+    dataset = make(tmp_path)
+    config = Config(dataset=dataset, num_classes=10 if "l.npz" in dataset else 0)
+    if message is None:
+        sources.load(config)
+        return
+    with pytest.raises(UserError, match=message) as error:
+        sources.load(config)
+    assert "\n" not in str(error.value)
+
+
+def test_npz_missing_key_and_corrupt_record_name_the_file(tmp_path):
+    np.savez(tmp_path / "m.npz", x_train=np.zeros((4, 3)), y_train=np.zeros(4))
+    with pytest.raises(UserError, match=r"m.npz.*missing arrays \['x_test', 'y_test'\]"):
+        sources.load(Config(dataset=f"npz:{tmp_path}/m.npz"))
+    x, y = id_arrays(20)
+    paths = tfrecord.write_shards(str(tmp_path), "train", x, y, 2)
+    with open(paths[1], "r+b") as f:
+        f.seek(30)
+        f.write(b"\xff\xff\xff\xff")
+    with pytest.raises(UserError, match="train-00001-of-00002.tfrecord: corrupt record"):
+        sources.load(Config(dataset=f"tfrecord:{tmp_path}/train-*"))
