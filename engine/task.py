@@ -49,6 +49,12 @@ class Task:
     # output decides `spec`). See engine/data/tfrecord.py.
     parse_example = None
 
+    @classmethod
+    def datasets(cls, config):
+        """Override to bring your own tf.data pipelines: return an engine.data.task_data.TaskDatasets
+        (its docstring has a complete example); None (the default) uses --dataset."""
+        return None
+
     def __init__(self, config, spec: DataSpec | None = None, *, input_shape=None, num_classes=None):
         """`spec`: the data's per-example shapes and dtypes and its classes (the engine passes the
         source's). `input_shape`/`num_classes` are a short form for classification data."""

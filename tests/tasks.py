@@ -170,3 +170,29 @@ class UnsyncedCnnBnNoDropoutTask(CnnBnNoDropoutTask):
     """The same with each replica normalising by its own slice of the batch."""
 
     synchronized = False
+
+
+class OwnDataTask(Task):
+    """Brings its own pipelines (Task.datasets): 4-feature examples whose class is the sign pattern."""
+
+    @classmethod
+    def datasets(cls, config):
+        from engine.data.task_data import TaskDatasets
+
+        def examples(n, seed):
+            x = tf.random.stateless_normal([n, 4], seed=[seed, 0])
+            y = tf.cast(x[:, 0] > 0, tf.int32) + 2 * tf.cast(x[:, 1] > 0, tf.int32)
+            return tf.data.Dataset.from_tensor_slices((x, y))
+
+        def train(context, seed, skip_batches):
+            batch = context.get_per_replica_batch_size(config.global_batch)
+            local = context.num_replicas_in_sync // context.num_input_pipelines
+            data = examples(512, 1).shard(context.num_input_pipelines, context.input_pipeline_id)
+            data = data.shuffle(512, seed=seed).repeat().batch(batch, drop_remainder=True)
+            return data.skip(skip_batches * local)
+
+        def evaluate(context):
+            batch = context.get_per_replica_batch_size(config.global_batch)
+            return examples(101, 2).shard(context.num_input_pipelines, context.input_pipeline_id).batch(batch)
+
+        return TaskDatasets(train=train, evaluate=evaluate, num_train=512, num_test=101, num_classes=4)

@@ -181,6 +181,27 @@ def _npz_wrong_image_rank(tmp):
              x_test=x_test, y_test=y_test)
     return ["--dataset=mnist", f"--data_dir={tmp / 'npz'}"]
 
+def _npz(name, **arrays):
+    def make(tmp):
+        settings = dict(x_train=np.zeros((256, 6), np.float32), y_train=np.zeros(256, np.int64),
+                        x_test=np.zeros((10, 6), np.float32), y_test=np.zeros(10, np.int64))
+        settings.update(arrays)
+        np.savez(tmp / name, **{k: v for k, v in settings.items() if v is not None})
+        return [f"--dataset=npz:{tmp / name}", "--model=mlp"]
+    return make
+
+
+def _corrupt_tfrecord(tmp):
+    from engine.data import tfrecord
+
+    paths = tfrecord.write_shards(str(tmp / "rec"), "train", np.zeros((300, 4), np.float32),
+                                  np.zeros(300, np.int64), 2)
+    with open(paths[1], "r+b") as f:
+        f.seek(40)
+        f.write(b"\xff\xff\xff\xff")
+    return [f"--dataset=tfrecord:{tmp / 'rec'}/train-*", "--model=mlp"]
+
+
 # args (a list, or a function of tmp_path giving one), exit code, keywords in the last line
 BAD_INPUTS = [
     pytest.param(["--strategy=nope"], 1, ["strategy"], id="unknown_strategy"),
@@ -233,6 +254,19 @@ BAD_INPUTS = [
                  id="idx_labels_3_dims"),
     pytest.param(_empty_npz, 2, ["mnist.npz", "missing arrays"], id="empty_npz"),
     pytest.param(_npz_wrong_image_rank, 2, ["mnist.npz", "(256, 784)"], id="npz_images_not_2d"),
+    # Data sources (tests/test_sources.py checks them in-process too).
+    pytest.param(lambda tmp: [f"--dataset=tfrecord:{tmp}/none-*.tfrecord"], 2, ["matches no file"],
+                 id="tfrecord_glob_matches_nothing"),
+    pytest.param(_corrupt_tfrecord, 2, ["train-00001-of-00002.tfrecord", "corrupt record"], id="tfrecord_corrupt"),
+    pytest.param(_npz("d.npz", x_test=np.zeros((10, 7), np.float32)), 2, ["d.npz", "(7,)", "(6,)"],
+                 id="npz_train_test_shapes_differ"),
+    pytest.param(_npz("d.npz", y_test=None), 2, ["d.npz", "missing arrays", "y_test"], id="npz_missing_key"),
+    pytest.param(lambda tmp: _npz("d.npz", y_train=np.full(256, 7, np.int64))(tmp) + ["--num_classes=5"], 2,
+                 ["labels range over [7, 7]", "--num_classes=5"], id="label_out_of_range"),
+    pytest.param(_npz("d.npz", y_train=np.zeros(256, np.float32), y_test=np.zeros(10, np.float32)), 2,
+                 ["classifies", "float32"], id="float_targets_with_classification"),
+    pytest.param(["--dataset=parquet:x"], 2, ["--dataset", "npz:PATH"], id="dataset_kind_unknown"),
+    pytest.param(["--synthetic_shape=28,x"], 2, ["--synthetic_shape"], id="synthetic_shape_bad"),
 ]
 
 

@@ -221,3 +221,14 @@ def test_npz_missing_key_and_corrupt_record_name_the_file(tmp_path):
         f.write(b"\xff\xff\xff\xff")
     with pytest.raises(UserError, match="train-00001-of-00002.tfrecord: corrupt record"):
         sources.load(Config(dataset=f"tfrecord:{tmp_path}/train-*"))
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_task_brings_its_own_datasets(tmp_path, replicas):
+    from conftest import TEST_TASKS
+
+    result = train(small_config(tmp_path, task=f"{TEST_TASKS}:OwnDataTask", model="mlp", train_steps=30,
+                                steps_per_loop=10, strategy="mirrored", cpu_replicas=replicas,
+                                learning_rate=0.01), out=QUIET)
+    assert result.final_step == 30
+    assert result.eval_metrics["accuracy"] > 0.6  # 4 classes by sign pattern: learnable, far above 0.25

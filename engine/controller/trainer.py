@@ -84,7 +84,7 @@ def _setup(config, out):
     _set_op_determinism(config.deterministic)
 
     task_class = load_task_class(config.task)
-    data = sources.load(config, parse_example=task_class.parse_example)
+    data = sources.load_for_task(config, task_class)
     steps_per_epoch = pipelines.steps_per_epoch(data, config.global_batch)
     schedule = Schedule(
         total_steps=config.train_steps or config.epochs * steps_per_epoch,

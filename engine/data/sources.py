@@ -24,6 +24,16 @@ DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 SOURCE_KINDS = ("npz", "tfrecord")  # --dataset=KIND:ARGUMENT
 
 
+def load_for_task(config, task_class):
+    """The Task's own pipelines (`Task.datasets`) when it has them, else the `--dataset` source."""
+    own = task_class.datasets(config)
+    if own is None:
+        return load(config, parse_example=task_class.parse_example)
+    from engine.data.task_data import TaskSource
+
+    return TaskSource(task_class.__name__, own)
+
+
 def load(config, parse_example=None):
     """The source `config.dataset` names, validated. `parse_example`: a Task's record parser."""
     kind, colon, argument = config.dataset.partition(":")
