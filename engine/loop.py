@@ -185,17 +185,23 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
 
 
 def make_eval_loop(strategy, task):
-    """eval_loop(distributed_dataset) -> {name: (total, count)} over EVERY example of the dataset."""
+    """eval_loop(distributed_dataset) -> {"totals": {name: (total, count)}, "examples": how many
+    examples the replicas evaluated} over EVERY example of the dataset (the engine counts them
+    itself, so a run can check that the whole eval set was seen exactly once)."""
     names = tuple(task.eval_metrics)
-    replica_step = _float32_outputs(task.eval_step, names, "eval_step")
+    task_step = _float32_outputs(task.eval_step, names, "eval_step")
+
+    def replica_step(batch):
+        return task_step(batch), tf.cast(tf.shape(tf.nest.flatten(batch)[0])[0], tf.float32)
 
     @tf.function
     def eval_loop(distributed_dataset):
-        totals = _zeros(names)
+        totals, examples = _zeros(names), tf.constant(0.0)
         for batch in distributed_dataset:
-            outputs = strategy.run(replica_step, args=(batch,))
+            outputs, count = strategy.run(replica_step, args=(batch,))
             totals = _reduce_and_add(strategy, totals, outputs)
-        return totals
+            examples += strategy.reduce(tf.distribute.ReduceOp.SUM, count, axis=None)
+        return {"totals": totals, "examples": examples}
 
     return eval_loop
 

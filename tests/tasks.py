@@ -196,3 +196,18 @@ class OwnDataTask(Task):
             return examples(101, 2).shard(context.num_input_pipelines, context.input_pipeline_id).batch(batch)
 
         return TaskDatasets(train=train, evaluate=evaluate, num_train=512, num_test=101, num_classes=4)
+
+
+class IdCountingTask(Task):
+    """Evaluation returns the mean id (feature 0) of the examples it saw and the mean squared distance
+    from ID_CENTRE, over their count: with the count (in-process) or both means (from the log), a test
+    tells each example was evaluated exactly once (tests/test_sources.py writes such data)."""
+
+    eval_metrics = ("mean_id", "mean_sq")
+    ID_CENTRE = 1500.0
+
+    def eval_step(self, batch):
+        x, _ = batch
+        ids, count = x[:, 0], tf.cast(tf.shape(x)[0], tf.float32)
+        return {"mean_id": (tf.reduce_sum(ids), count),
+                "mean_sq": (tf.reduce_sum(tf.square(ids - self.ID_CENTRE)), count)}

@@ -49,9 +49,9 @@ def test_eval_counts_every_example():
     from engine.data.arrays import eval_dataset
 
     dataset = strategy.experimental_distribute_dataset(eval_dataset(images, labels, 64))
-    totals = make_eval_loop(strategy, task)(dataset)
-    total, _ = totals["examples"]
-    assert float(total) == 301
+    result = make_eval_loop(strategy, task)(dataset)
+    total, _ = result["totals"]["examples"]
+    assert float(total) == 301 and float(result["examples"]) == 301  # the Task's count and the engine's
 
 
 def test_train_loop_traces_once_for_any_loop_length():

@@ -175,3 +175,23 @@ def test_multi_worker_run_resumes(tmp_path):
     assert "[worker 0] model_dir" in second.stdout and "(resuming at step 3)" in second.stdout
     assert second.stdout.count("(resuming at step 3)") == 2  # every worker restored
     _assert_same(exported_weights(tmp_path / "run"), _single_process_weights(tmp_path, "straight"))
+
+
+@pytest.mark.parametrize("shards", [4, 1])  # by FILE, by DATA
+def test_two_workers_evaluate_every_streamed_example_once(tmp_path, shards):
+    """1,001 test examples in TFRecords, 2 workers: each example counted once (count and id sum)."""
+    from test_sources import id_shards
+
+    dataset = id_shards(tmp_path / "data", n_train=256, n_test=1001, shards=shards)
+    launched = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", *ARGS, f"--dataset={dataset}",
+                       f"--task={TEST_TASKS}:IdCountingTask", f"--model_dir={tmp_path / 'run'}", timeout=180)
+    assert launched.returncode == 0, launched.stdout[-3000:]
+    policy = "by FILE" if shards == 4 else "by DATA"
+    assert f"[worker 0] input        {policy}" in launched.stdout, launched.stdout[-3000:]
+    evals = [line.split() for line in launched.stdout.splitlines() if "[worker 0] eval" in line]
+    assert evals, launched.stdout[-3000:]
+    ids = np.arange(1000, 2001)
+    for words in evals:  # [worker 0] eval step N: mean_id X mean_sq Y (1001 examples), counted by the engine
+        assert words[-2:] == ["(1001", "examples)"], words
+        assert float(words[words.index("mean_id") + 1]) == pytest.approx(ids.mean(), abs=1e-3)
+        assert float(words[words.index("mean_sq") + 1]) == pytest.approx(((ids - 1500.0) ** 2).mean(), rel=1e-5)

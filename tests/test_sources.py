@@ -18,6 +18,7 @@ from engine.distribute.strategy import build_strategy
 from engine.errors import UserError
 from engine.loop import make_eval_loop
 from engine.task import Task
+from tasks import IdCountingTask
 from test_resume import checkpoint_state
 
 QUIET = open(os.devnull, "w")
@@ -109,25 +110,15 @@ def test_two_workers_read_disjoint_examples(tmp_path, shards, policy):
     assert len(set(per_worker[0]) | set(per_worker[1])) == 200
 
 
-class CountingTask(Task):
-    """Eval returns the number of examples and the sum of their ids (feature 0)."""
-    eval_metrics = ("examples", "id_sum")
-
-    def eval_step(self, batch):
-        x, _ = batch
-        return {"examples": (tf.cast(tf.shape(x)[0], tf.float32), tf.constant(1.0)),
-                "id_sum": (tf.reduce_sum(tf.cast(x[:, 0], tf.float64)), tf.constant(1.0))}
-
-
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_stream_eval_covers_every_example_once(tmp_path, replicas):
     source = sources.load(Config(dataset=id_shards(tmp_path, n_test=1001)))
     strategy = build_strategy("mirrored", replicas).strategy
-    task = CountingTask(small_config("/unused"), spec=source.spec)
-    totals = make_eval_loop(strategy, task)(
+    task = IdCountingTask(small_config("/unused"), spec=source.spec)
+    result = make_eval_loop(strategy, task)(
         strategy.distribute_datasets_from_function(source.eval_dataset_fn(64)))
-    assert float(totals["examples"][0]) == 1001
-    assert float(totals["id_sum"][0]) == sum(range(1000, 2001))
+    assert float(result["examples"]) == 1001 and float(result["totals"]["mean_id"][1]) == 1001
+    assert float(result["totals"]["mean_id"][0]) == sum(range(1000, 2001))
 
 
 def test_stream_resume_skips_exactly(tmp_path):

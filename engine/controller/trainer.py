@@ -149,13 +149,16 @@ class _Run:
                                  stream=self.out, enabled=self.placement.is_chief)
 
     def evaluate(self):
-        metrics = ratios(self.eval_loop(self.eval_data))
+        result = self.eval_loop(self.eval_data)
+        metrics, examples = ratios(result["totals"]), int(result["examples"].numpy())
         self.writers["eval"].write_scalars(self.step, metrics)
         self.monitor.after_eval(self.step)
         self.writers["eval"].flush()
+        seen = f"{examples} examples" if examples == self.data.num_test else (
+            f"{examples} examples evaluated, but the test split has {self.data.num_test}: its pipeline "
+            "missed or repeated some")
         self.progress.message(
-            f"eval   step {self.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-            + f"  ({self.data.num_test} examples)")
+            f"eval   step {self.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + f"  ({seen})")
         self.eval_metrics = metrics
 
     def save(self):
