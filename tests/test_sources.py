@@ -110,24 +110,31 @@ def test_two_workers_read_disjoint_examples(tmp_path, shards, policy):
 
 
 class CountingTask(Task):
-    """Eval returns the number of examples and the sum of their ids (feature 0)."""
+    """Eval returns the number of examples and the sum of their ids (`example_ids`: feature 0)."""
     eval_metrics = ("examples", "id_sum")
+
+    @staticmethod
+    def example_ids(x):
+        return tf.cast(x[:, 0], tf.float64)
 
     def eval_step(self, batch):
         x, _ = batch
         return {"examples": (tf.cast(tf.shape(x)[0], tf.float32), tf.constant(1.0)),
-                "id_sum": (tf.reduce_sum(tf.cast(x[:, 0], tf.float64)), tf.constant(1.0))}
+                "id_sum": (tf.reduce_sum(self.example_ids(x)), tf.constant(1.0))}
+
+
+def stream_eval_totals(source, replicas: int, batch: int, task_class=CountingTask):
+    """(examples, sum of their ids) of one distributed eval of a streamed source on `replicas` replicas."""
+    strategy = build_strategy("mirrored", replicas).strategy
+    task = task_class(small_config("/unused"), spec=source.spec)
+    totals = make_eval_loop(strategy, task)(strategy.distribute_datasets_from_function(source.eval_dataset_fn(batch)))
+    return float(totals["examples"][0]), float(totals["id_sum"][0])
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_stream_eval_covers_every_example_once(tmp_path, replicas):
     source = sources.load(Config(dataset=id_shards(tmp_path, n_test=1001)))
-    strategy = build_strategy("mirrored", replicas).strategy
-    task = CountingTask(small_config("/unused"), spec=source.spec)
-    totals = make_eval_loop(strategy, task)(
-        strategy.distribute_datasets_from_function(source.eval_dataset_fn(64)))
-    assert float(totals["examples"][0]) == 1001
-    assert float(totals["id_sum"][0]) == sum(range(1000, 2001))
+    assert stream_eval_totals(source, replicas, 64) == (1001, sum(range(1000, 2001)))
 
 
 def test_stream_resume_skips_exactly(tmp_path):
