@@ -33,7 +33,7 @@ _BUILDERS = {}
 def builder_classes():
     """(TinyShapes: not registered, TinyRegistered: in the TFDS registry). Example i of a split has
     id = first id + i, every pixel equal to the id (so x * 255 gives it back) and label id % 3.
-    Configs: colour (8x8x3, train and test), grey (8x8x1, train and validation), unsupervised (no
+    Configs: colour (8x8x3, train, test and validation), grey (8x8x1, train and validation), unsupervised (no
     supervised_keys), text (supervised_keys ("caption", "label"): a Text feature)."""
     if not _BUILDERS:
         tfds = pytest.importorskip("tensorflow_datasets")
@@ -57,8 +57,8 @@ def builder_classes():
                         self.builder_config.name, ("image", "label")))
 
             def _split_generators(self, dl_manager):
-                held_out = "validation" if self.builder_config.name == "grey" else "test"
-                return {split: self._generate_examples(*SPLITS[split]) for split in ("train", held_out)}
+                splits = ("train", "validation") if self.builder_config.name == "grey" else tuple(SPLITS)
+                return {split: self._generate_examples(*SPLITS[split]) for split in splits}
 
             def _generate_examples(self, count, first):
                 for i in range(first, first + count):
@@ -96,7 +96,7 @@ def test_tfds_spec_classes_counts_and_pairs(data_dir, name):
     assert spec.input_shape == (8, 8, 3) and spec.features.dtype == tf.float32 and spec.is_image
     assert spec.labels.dtype == tf.int32 and spec.labels.shape == ()
     assert spec.num_classes == 3 and spec.class_names == tuple(NAMES)
-    assert (source.num_train, source.num_test) == (40, 11)
+    assert (source.num_train, source.num_test) == (40, 11)  # test, not validation (13)
     x, y = source.preview(40)
     assert x.dtype == np.float32 and 0.0 <= x.min() and x.max() <= 1.0  # uint8 -> [0, 1]
     assert sorted(ids_of(x)) == list(range(40))  # each image decoded whole, with its own label
