@@ -8,7 +8,7 @@ from typing import Optional
 
 # The names the engine accepts, in one place (no TensorFlow import: flags/ uses them for --help).
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored")
-DATASETS = ("mnist", "fashion_mnist", "synthetic")  # built-in names; also npz:PATH, tfrecord:GLOB[,GLOB]
+DATASETS = ("mnist", "fashion_mnist", "synthetic")  # built-in names; also npz:PATH, tfrecord:GLOB[,GLOB], tfds:NAME[:CONFIG]
 INPUT_MODES = ("distribute_dataset", "per_worker")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 LR_SCHEDULES = ("constant", "cosine", "warmup_cosine")

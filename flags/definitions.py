@@ -54,12 +54,15 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "dataset", "mnist",
         "Training data: mnist (mnist.npz or IDX files), fashion_mnist (IDX files), synthetic "
         "(generated, learnable; no files needed); npz:PATH (arrays x_train, y_train, x_test, y_test of "
-        "any shape, in memory); tfrecord:TRAIN_GLOB[,TEST_GLOB] (tf.train.Example shards, streamed).", **f)
+        "any shape, in memory); tfrecord:TRAIN_GLOB[,TEST_GLOB] (tf.train.Example shards, streamed); "
+        "tfds:NAME[:CONFIG] (a TensorFlow Datasets builder already prepared under --data_dir, streamed; "
+        "pip install -e \".[tfds]\").", **f)
     absl_flags.DEFINE_string(
         "data_dir", None,
         "Directory with local data files: mnist.npz or the 4 IDX files (train-images-idx3-ubyte.gz, "
-        "...). Default: the Keras cache (~/.keras/datasets), for fashion_mnist "
-        "/usr/share/datasets/fashion-mnist, then the Keras download.", **f)
+        "...); for tfds:NAME the TFDS data directory holding NAME/[CONFIG/]VERSION. Default: the Keras cache "
+        "(~/.keras/datasets), for fashion_mnist /usr/share/datasets/fashion-mnist, then the Keras download; "
+        "for tfds: TFDS's default ($TFDS_DATA_DIR or ~/tensorflow_datasets).", **f)
     absl_flags.DEFINE_integer(
         "synthetic_train_examples", 60000, "Training examples of --dataset=synthetic.", lower_bound=1, **f)
     absl_flags.DEFINE_integer(
@@ -72,7 +75,7 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "num_classes", 0, "Number of classes; 0: from the data (its largest label + 1). Labels must lie in "
         "[0, num_classes).", lower_bound=0, **f)
     absl_flags.DEFINE_integer(
-        "shuffle_buffer", 10000, "Examples held in the shuffle buffer of streamed sources (tfrecord:); "
+        "shuffle_buffer", 10000, "Examples held in the shuffle buffer of streamed sources (tfrecord:, tfds:); "
         "in-memory sources shuffle whole epochs.", lower_bound=1, **f)
     absl_flags.DEFINE_boolean(
         "cache", False, "Streamed sources: keep the raw records in memory after the first pass (file order "

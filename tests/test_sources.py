@@ -110,15 +110,19 @@ def test_two_workers_read_disjoint_examples(tmp_path, shards, policy):
     assert len(set(per_worker[0]) | set(per_worker[1])) == 200
 
 
+def stream_eval_totals(source, replicas: int, batch: int, task_class=IdCountingTask):
+    """(examples the engine counted, sum of their ids) of one distributed eval of a streamed source."""
+    strategy = build_strategy("mirrored", replicas).strategy
+    task = task_class(small_config("/unused"), spec=source.spec)
+    result = make_eval_loop(strategy, task)(strategy.distribute_datasets_from_function(source.eval_dataset_fn(batch)))
+    assert float(result["totals"]["mean_id"][1]) == float(result["examples"])  # the Task's count agrees
+    return float(result["examples"]), float(result["totals"]["mean_id"][0])
+
+
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_stream_eval_covers_every_example_once(tmp_path, replicas):
     source = sources.load(Config(dataset=id_shards(tmp_path, n_test=1001)))
-    strategy = build_strategy("mirrored", replicas).strategy
-    task = IdCountingTask(small_config("/unused"), spec=source.spec)
-    result = make_eval_loop(strategy, task)(
-        strategy.distribute_datasets_from_function(source.eval_dataset_fn(64)))
-    assert float(result["examples"]) == 1001 and float(result["totals"]["mean_id"][1]) == 1001
-    assert float(result["totals"]["mean_id"][0]) == sum(range(1000, 2001))
+    assert stream_eval_totals(source, replicas, 64) == (1001, sum(range(1000, 2001)))
 
 
 def test_stream_resume_skips_exactly(tmp_path):

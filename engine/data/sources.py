@@ -3,6 +3,8 @@
 Built-in names (in memory): mnist, fashion_mnist, synthetic. Sources with an argument:
   npz:PATH                          arrays x_train, y_train, x_test, y_test of any shape (in memory)
   tfrecord:TRAIN_GLOB[,TEST_GLOB]   tf.train.Example shards, streamed (engine/data/tfrecord.py)
+  tfds:NAME[:CONFIG]                a TensorFlow Datasets builder prepared under --data_dir, streamed
+                                    (engine/data/tfds_source.py; the optional extra ".[tfds]")
 A source is an `ArraySource` (engine/data/arrays.py) or a `StreamSource` (engine/data/streams.py):
 both give `spec` (a DataSpec), `num_train`, `num_test` and their pipelines.
 """
@@ -21,7 +23,7 @@ from engine.errors import UserError
 DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 
-SOURCE_KINDS = ("npz", "tfrecord")  # --dataset=KIND:ARGUMENT
+SOURCE_KINDS = ("npz", "tfrecord", "tfds")  # --dataset=KIND:ARGUMENT
 
 
 def load_for_task(config, task_class):
@@ -47,9 +49,13 @@ def load(config, parse_example=None):
         source = loader[kind](config)
     elif kind not in SOURCE_KINDS or not argument:
         raise UserError(f"--dataset={config.dataset!r}: expected one of {', '.join(DATASETS)} or "
-                        "npz:PATH, tfrecord:TRAIN_GLOB[,TEST_GLOB]")
+                        "npz:PATH, tfrecord:TRAIN_GLOB[,TEST_GLOB], tfds:NAME[:CONFIG]")
     elif kind == "npz":
         source = _load_npz(argument, config)
+    elif kind == "tfds":
+        from engine.data import tfds_source  # imports tensorflow_datasets (optional) only for tfds:
+
+        source = tfds_source.load(argument, config)
     else:
         from engine.data import tfrecord
 
