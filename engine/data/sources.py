@@ -3,6 +3,9 @@
 Built-in names (in memory): mnist, fashion_mnist, synthetic. Sources with an argument:
   npz:PATH                          arrays x_train, y_train, x_test, y_test of any shape (in memory)
   tfrecord:TRAIN_GLOB[,TEST_GLOB]   tf.train.Example shards, streamed (engine/data/tfrecord.py)
+  images:DIR                        JPEG/PNG files in class folders: DIR/train/<class>/, DIR/test/<class>/,
+                                    or DIR/<class>/ with --validation_split; streamed, resized with
+                                    --image_size (engine/data/image_folders.py)
 A source is an `ArraySource` (engine/data/arrays.py) or a `StreamSource` (engine/data/streams.py):
 both give `spec` (a DataSpec), `num_train`, `num_test` and their pipelines.
 """
@@ -21,7 +24,8 @@ from engine.errors import UserError
 DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 
-SOURCE_KINDS = ("npz", "tfrecord")  # --dataset=KIND:ARGUMENT
+SOURCE_KINDS = ("npz", "tfrecord", "images")  # --dataset=KIND:ARGUMENT
+IMAGE_OPTIONS = ("image_size", "validation_split")  # flags only --dataset=images:DIR reads
 
 
 def load(config, parse_example=None):
@@ -29,6 +33,7 @@ def load(config, parse_example=None):
     kind, colon, argument = config.dataset.partition(":")
     if config.data_dir is not None and not os.path.isdir(config.data_dir):
         raise UserError(f"--data_dir={config.data_dir} is not a directory")
+    _check_image_options(config, kind if colon else None)
     if not colon:
         if kind not in DATASETS:
             raise UserError(f"unknown --dataset={config.dataset!r}; valid: {', '.join(DATASETS)}, or "
@@ -37,15 +42,30 @@ def load(config, parse_example=None):
         source = loader[kind](config)
     elif kind not in SOURCE_KINDS or not argument:
         raise UserError(f"--dataset={config.dataset!r}: expected one of {', '.join(DATASETS)} or "
-                        "npz:PATH, tfrecord:TRAIN_GLOB[,TEST_GLOB]")
+                        "npz:PATH, tfrecord:TRAIN_GLOB[,TEST_GLOB], images:DIR")
     elif kind == "npz":
         source = _load_npz(argument, config)
+    elif kind == "images":
+        from engine.data import image_folders
+
+        source = image_folders.load(argument, config)
     else:
         from engine.data import tfrecord
 
         source = tfrecord.load(argument, config, parse_example)
     _check_options(config, source)
     return source
+
+
+def _check_image_options(config, kind) -> None:
+    """--image_size and --validation_split given to a source that would ignore them (checked before
+    any data is read)."""
+    if kind == "images":
+        return
+    for name in IMAGE_OPTIONS:
+        if getattr(config, name):
+            raise UserError(f"--{name}={getattr(config, name)} applies to --dataset=images:DIR only, not "
+                            f"--dataset={config.dataset}; drop it")
 
 
 def _check_options(config, source) -> None:
