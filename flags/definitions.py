@@ -81,8 +81,9 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "then fixed, the shuffle buffer still shuffles).", **f)
     absl_flags.DEFINE_string(
         "image_size", "",
-        "--dataset=images:DIR: HEIGHT,WIDTH in pixels to resize every image to (bilinear), e.g. 64,64; "
-        "empty: keep the files' own size, which all of them must share.", **f)
+        "--dataset=images:DIR (or tfrecord: records of encoded images): HEIGHT,WIDTH in pixels to resize "
+        "every image to (bilinear), e.g. 64,64; empty: keep the files' own size, which all of them must "
+        "share.", **f)
     absl_flags.DEFINE_float(
         "validation_split", 0.0,
         "--dataset=images:DIR holding class folders without train/ and test/: the fraction (0 < F < 1) of "

@@ -17,7 +17,7 @@ from absl import flags as absl_flags
 from conftest import run_cli, small_config, tensorboard_run
 from engine.config import Config
 from engine.controller.trainer import train
-from engine.data import image_folders, sources
+from engine.data import image_folders, sources, tfrecord
 from engine.distribute.strategy import build_strategy
 from engine.errors import UserError
 from engine.loop import make_eval_loop
@@ -101,6 +101,14 @@ def test_image_size_resizes_and_grey_files_give_one_channel(tmp_path):
     np.testing.assert_allclose(x[0], expected, atol=1e-6)
     with pytest.raises(UserError, match="img00100.png is 7x9 pixels but .*img00001.png is 12x10"):
         sources.load(Config(dataset=f"images:{tmp_path}"))  # without --image_size the sizes must agree
+
+
+def test_image_size_resizes_tfrecord_images_too(tmp_path):
+    images = np.stack([id_image(i) for i in range(6)])
+    source = sources.load(Config(dataset=_tfrecord(tmp_path, images), image_size="4,6"))
+    assert source.spec.input_shape == (4, 6, 3)
+    x, _ = next(source.test_batches(10))
+    np.testing.assert_allclose(x, tf.image.resize(images, (4, 6)).numpy() / 255, atol=1e-6)
 
 
 def test_jpeg_files_and_other_files_beside_them(tmp_path):
@@ -228,56 +236,70 @@ def test_cli_run_with_validation_split(tmp_path):
 
 
 # ---- bad input: one clear line each ----
-def _layout(root, make):
-    make(root)
-    return f"images:{root}"
-
-
 def _garbage(path, data=b"this is not an image"):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data)
 
 
+def _folder(write):
+    """A maker of images:ROOT for the test's tmp_path ROOT, after write(ROOT as str)."""
+    def make(root):
+        write(str(root))
+        return f"images:{root}"
+
+    return make
+
+
+def _split_plus(write):
+    """images:ROOT of split_folders(ROOT) plus what write(ROOT) adds."""
+    return _folder(lambda root: (split_folders(root), write(root)))
+
+
 def _corrupt_first_png(root):
-    split_folders(root)
     with open(os.path.join(root, "train", "ant", "img00001.png"), "r+b") as f:
         f.seek(20)  # keep the PNG signature, break the header chunk
         f.write(b"\x00" * 30)
 
 
+def _tfrecord(root, x):
+    tfrecord.write_shards(str(root), "train", x, np.arange(len(x)) % 3, 1)
+    return f"tfrecord:{root}/train-*"
+
+
+SPLIT = _split_plus(lambda root: None)
+ONE_FOLDER = _folder(lambda root: write_folder(root, range(6), by_id))
 BAD = [
     pytest.param(lambda p: f"images:{p / 'missing'}", {}, "no such directory", id="missing_dir"),
-    pytest.param(lambda p: _layout(p, lambda r: _garbage(os.path.join(r, "x.png"))), {"validation_split": 0.5},
-                 "holds no class folders", id="no_class_folders"),
-    pytest.param(lambda p: _layout(p, lambda r: (split_folders(r), _garbage(os.path.join(r, "train", "bee", "a.txt")))),
-                 {}, r"class folder .*train/bee holds no images", id="empty_class"),
-    pytest.param(lambda p: _layout(p, lambda r: (split_folders(r), _garbage(os.path.join(r, "train", "ant", "img00000.png")))),
-                 {}, r"train/ant/img00000.png: not a PNG or JPEG image", id="not_an_image"),
-    pytest.param(lambda p: _layout(p, _corrupt_first_png), {}, r"train/ant/img00001.png: corrupt image",
-                 id="corrupt_png"),
-    pytest.param(lambda p: _layout(p, lambda r: (split_folders(r), write_folder(os.path.join(r, "test"), [5], lambda _: "bee"))),
-                 {}, r"test has class folders that .*train lacks: bee", id="unknown_test_class"),
-    pytest.param(lambda p: _layout(p, lambda r: write_folder(os.path.join(r, "train"), range(6), by_id)), {},
+    pytest.param(_folder(lambda r: _garbage(f"{r}/x.png")), {"validation_split": 0.5}, "holds no class folders",
+                 id="no_class_folders"),
+    pytest.param(_split_plus(lambda r: _garbage(f"{r}/train/bee/a.txt")), {},
+                 r"class folder .*train/bee holds no images", id="empty_class"),
+    pytest.param(_split_plus(lambda r: _garbage(f"{r}/train/ant/img00001.png")), {},
+                 r"train/ant/img00001.png: not a PNG or JPEG image", id="not_an_image"),
+    pytest.param(_split_plus(_corrupt_first_png), {}, r"train/ant/img00001.png: corrupt image", id="corrupt_png"),
+    pytest.param(_split_plus(lambda r: write_folder(f"{r}/test", [5], lambda _: "bee")), {},
+                 r"test has class folders that .*train lacks: bee", id="unknown_test_class"),
+    pytest.param(_folder(lambda r: write_folder(f"{r}/train", range(6), by_id)), {},
                  r"has .*train but no .*test", id="train_without_test"),
-    pytest.param(lambda p: _layout(p, lambda r: write_folder(r, range(6), by_id)), {},
-                 "no train/ and test/ folders; pass --validation_split", id="no_split"),
-    pytest.param(lambda p: _layout(p, split_folders), {"validation_split": 0.2},
-                 r"--validation_split=0.2 with .*/train and /test", id="split_with_test_folder"),
-    pytest.param(lambda p: _layout(p, lambda r: write_folder(r, range(6), by_id)), {"validation_split": 1.5},
-                 r"--validation_split=1.5: expected a fraction", id="split_too_large"),
-    pytest.param(lambda p: _layout(p, lambda r: write_folder(r, range(6), by_id)), {"validation_split": -0.1},
-                 r"--validation_split=-0.1: expected a fraction", id="split_negative"),
-    pytest.param(lambda p: _layout(p, split_folders), {"image_size": "64"}, r"--image_size='64': expected HEIGHT,WIDTH",
-                 id="image_size_one_number"),
-    pytest.param(lambda p: _layout(p, split_folders), {"image_size": "a,b"}, r"--image_size='a,b': expected positive",
-                 id="image_size_not_numbers"),
-    pytest.param(lambda p: _layout(p, split_folders), {"num_classes": 5}, r"--num_classes=5 but .* has 3 classes",
-                 id="num_classes"),
+    pytest.param(ONE_FOLDER, {}, "no train/ and test/ folders; pass --validation_split", id="no_split"),
+    pytest.param(SPLIT, {"validation_split": 0.2}, r"--validation_split=0.2 with .*/train and /test",
+                 id="split_with_test_folder"),
+    pytest.param(ONE_FOLDER, {"validation_split": 1.5}, r"--validation_split=1.5: expected a fraction",
+                 id="split_too_large"),
+    pytest.param(ONE_FOLDER, {"validation_split": -0.1}, r"--validation_split=-0.1: expected a fraction",
+                 id="split_negative"),
+    pytest.param(SPLIT, {"image_size": "64"}, r"--image_size='64': expected HEIGHT,WIDTH", id="image_size_one_number"),
+    pytest.param(SPLIT, {"image_size": "a,b"}, r"--image_size='a,b': expected positive", id="image_size_not_numbers"),
+    pytest.param(SPLIT, {"num_classes": 5}, r"--num_classes=5 but .* has 3 classes", id="num_classes"),
     pytest.param(lambda p: "synthetic", {"image_size": "8,8"},
-                 r"--image_size=8,8 applies to --dataset=images:DIR only, not --dataset=synthetic", id="size_synthetic"),
+                 r"--image_size=8,8 applies to --dataset=images:DIR and tfrecord: images only, not --dataset=synth",
+                 id="size_synthetic"),
     pytest.param(lambda p: "npz:" + str(p / "missing.npz"), {"validation_split": 0.1},
                  r"--validation_split=0.1 applies to --dataset=images:DIR only", id="split_npz"),
+    pytest.param(lambda p: _tfrecord(p, np.zeros((4, 3), np.float32)), {"image_size": "8,8"},
+                 r"--image_size=8,8: the records of .*train-00000-of-00001.tfrecord hold 'x' tensors",
+                 id="size_tfrecord_tensors"),
 ]
 
 

@@ -139,17 +139,33 @@ def _first_image(path: str) -> tf.Tensor:
         raise UserError(f"{path}: corrupt image ({err.message.splitlines()[0][:120]})") from None
 
 
+def parse_image_size(text: str) -> tuple | None:
+    """--image_size "H,W" -> (H, W) pixels; "" -> None (keep the files' own size)."""
+    if not text:
+        return None
+    from engine.data.sources import parse_shape
+
+    size = parse_shape(text, "image_size")
+    if len(size) != 2:
+        raise UserError(f"--image_size={text!r}: expected HEIGHT,WIDTH in pixels, e.g. 64,64")
+    return size
+
+
+def to_float_image(image, size=None):
+    """A decoded uint8 (height, width, channels) image -> float32 in [0, 1], resized (bilinear) to
+    `size` (height, width) when given."""
+    if size:
+        return tf.image.resize(image, size) / 255.0
+    return tf.cast(image, tf.float32) / 255.0
+
+
 def _example_shape(train: dict, test: dict, image_size: str) -> tuple:
     """(height, width, channels) of every example, from the first file of each class and split."""
     firsts = [paths[0] for split in (train, test) for paths in split.values()]
     shapes = {path: tuple(_first_image(path).shape) for path in firsts}
     channels = 1 if all(shape[-1] in (1, 2) for shape in shapes.values()) else 3
-    if image_size:
-        from engine.data.sources import parse_shape
-
-        size = parse_shape(image_size, "image_size")
-        if len(size) != 2:
-            raise UserError(f"--image_size={image_size!r}: expected HEIGHT,WIDTH in pixels, e.g. 64,64")
+    size = parse_image_size(image_size)
+    if size:
         return (*size, channels)
     first, size = firsts[0], shapes[firsts[0]][:2]
     for path, shape in shapes.items():
@@ -169,14 +185,14 @@ def _decoder(shape: tuple, resize: bool):
         with tf.control_dependencies([tf.debugging.Assert(known, ["not a PNG/JPEG image:", path])]):
             image = tf.io.decode_image(contents, channels=channels, expand_animations=False)
         if resize:
-            image = tf.image.resize(image, (height, width)) / 255.0
+            image = to_float_image(image, (height, width))
         else:
             found = tf.shape(image)[:2]
             same = tf.reduce_all(found == (height, width))
             with tf.control_dependencies([tf.debugging.Assert(
                     same, [path, "has height, width", found, f"but the images are {height}x{width}; pass "
                            "--image_size=H,W to resize them"])]):
-                image = tf.cast(image, tf.float32) / 255.0
+                image = to_float_image(image)
         return tf.ensure_shape(image, shape)
 
     return decode

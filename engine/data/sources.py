@@ -5,7 +5,7 @@ Built-in names (in memory): mnist, fashion_mnist, synthetic. Sources with an arg
   tfrecord:TRAIN_GLOB[,TEST_GLOB]   tf.train.Example shards, streamed (engine/data/tfrecord.py)
   images:DIR                        JPEG/PNG files in class folders: DIR/train/<class>/, DIR/test/<class>/,
                                     or DIR/<class>/ with --validation_split; streamed, resized with
-                                    --image_size (engine/data/image_folders.py)
+                                    --image_size (also tfrecord: images) (engine/data/image_folders.py)
 A source is an `ArraySource` (engine/data/arrays.py) or a `StreamSource` (engine/data/streams.py):
 both give `spec` (a DataSpec), `num_train`, `num_test` and their pipelines.
 """
@@ -25,7 +25,8 @@ DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 
 SOURCE_KINDS = ("npz", "tfrecord", "images")  # --dataset=KIND:ARGUMENT
-IMAGE_OPTIONS = ("image_size", "validation_split")  # flags only --dataset=images:DIR reads
+# Flags only some sources read: --dataset kinds -> what they apply to.
+IMAGE_OPTIONS = {"image_size": ("images", "tfrecord"), "validation_split": ("images",)}
 
 
 def load(config, parse_example=None):
@@ -59,12 +60,11 @@ def load(config, parse_example=None):
 
 def _check_image_options(config, kind) -> None:
     """--image_size and --validation_split given to a source that would ignore them (checked before
-    any data is read)."""
-    if kind == "images":
-        return
-    for name in IMAGE_OPTIONS:
-        if getattr(config, name):
-            raise UserError(f"--{name}={getattr(config, name)} applies to --dataset=images:DIR only, not "
+    any data is read; tfrecord: checks that its records hold images)."""
+    for name, kinds in IMAGE_OPTIONS.items():
+        if getattr(config, name) and kind not in kinds:
+            applies = "--dataset=images:DIR" + (" and tfrecord: images" if "tfrecord" in kinds else "")
+            raise UserError(f"--{name}={getattr(config, name)} applies to {applies} only, not "
                             f"--dataset={config.dataset}; drop it")
 
 
