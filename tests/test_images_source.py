@@ -4,6 +4,7 @@ file once, class names in config.json and TensorBoard, the flags) and every bad 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -324,6 +325,28 @@ def test_a_bad_file_found_while_reading_names_it(tmp_path, bad_file):
     source = sources.load(Config(dataset=f"images:{tmp_path}"))
     with pytest.raises(tf.errors.InvalidArgumentError, match="img01008.png"):
         list(source.test_batches(4))
+
+
+def test_the_checker_names_every_bad_file(tmp_path):
+    """A truncated file fails inside TensorFlow's decoder, which does not name it; the checker does."""
+    split_folders(tmp_path)
+    truncated = os.path.join(str(tmp_path), "train", "moth", "img00008.png")  # not the first moth file
+    with open(truncated, "rb") as f:
+        data = f.read()
+    _garbage(truncated, data[:len(data) // 2])
+    tf.io.write_file(os.path.join(str(tmp_path), "test", "zebra", "img01008.png"),
+                     tf.io.encode_png(id_image(1008, (5, 5, 3))))
+    source = sources.load(Config(dataset=f"images:{tmp_path}"))  # only first files are decoded here
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Invalid PNG data"):
+        list(source.train_dataset_fn(10, seed=1)(tf.distribute.InputContext(1, 0, 1)).take(3))
+    out = io.StringIO()
+    assert image_folders.main([str(tmp_path)], out=out) == 1
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3 and lines[-1] == "2 bad files"
+    assert lines[0].startswith(f"{truncated}: corrupt image") and "img01008.png is 5x5 pixels but" in lines[1]
+    out = io.StringIO()
+    assert image_folders.main([str(tmp_path), "--image_size=8,8"], out=out) == 1  # sizes may then differ
+    assert out.getvalue().splitlines()[-1] == "1 bad file"
 
 
 def test_split_by_hash_keeps_one_file_per_side():

@@ -23,7 +23,10 @@ class in each split is decoded, so an unreadable or mismatched one names its fil
 are read while training (decoding every file at start-up would cost a whole epoch of decoding
 before the first step): a file that is not a PNG or JPEG (by its first bytes), or whose size
 differs without --image_size, stops the run with an InvalidArgumentError that names the file; a
-file with a valid header but a corrupt body fails inside decode_image, whose message does not.
+file with a valid header but a corrupt body fails inside decode_image, whose message does not. To
+check every file before a long run (about a millisecond per small image):
+  python -m engine.data.image_folders DIR [--image_size=H,W]
+lists each file that does not decode (or, without --image_size, has another size) and exits 1.
 
 A record is (path, label): the pipeline's shuffle buffer and the skip on resume handle paths only,
 and the file is read when it is decoded (in parallel). With --cache the records hold the files'
@@ -32,8 +35,10 @@ bytes too, so the second and later passes read nothing from disk.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -225,3 +230,44 @@ def load(directory: str, config) -> streams.StreamSource:
         num_train=streams.check_not_empty(where, "train", len(train_units[0])),
         num_test=streams.check_not_empty(where, "test", len(test_units[0])),
         shuffle_buffer=config.shuffle_buffer, cache=config.cache)
+
+
+# ---- checking every file ----
+def bad_files(directory: str, image_size: str = "") -> list[str]:
+    """'path: why' for every image below DIR's class folders (both splits) that does not decode, or,
+    without `image_size`, whose height and width differ from the first file's."""
+    parse_image_size(image_size)
+    if not os.path.isdir(directory):
+        raise UserError(f"{directory}: no such directory")
+    splits = [os.path.join(directory, s) for s in ("train", "test") if os.path.isdir(os.path.join(directory, s))]
+    paths = [p for root in splits or [directory] for files in _scan(root).values() for p in files]
+    bad, size = [], None
+    for path in paths:
+        try:
+            shape = tuple(_first_image(path).shape)
+        except UserError as err:
+            bad.append(err.message)
+            continue
+        size = size or (shape[:2], path)
+        if not image_size and shape[:2] != size[0]:
+            bad.append(f"{path} is {shape[0]}x{shape[1]} pixels but {size[1]} is {size[0][0]}x{size[0][1]}")
+    return bad
+
+
+def main(argv=None, out=sys.stdout) -> int:
+    parser = argparse.ArgumentParser(description="Decode every image of an --dataset=images:DIR folder and "
+                                     "list those that would stop a run.")
+    parser.add_argument("directory", help="DIR of --dataset=images:DIR")
+    parser.add_argument("--image_size", default="", help="H,W as the run will use it (then sizes may differ)")
+    args = parser.parse_args(argv)
+    try:
+        bad = bad_files(args.directory, args.image_size)
+    except UserError as err:
+        out.write(f"error: {err.message}\n")
+        return 2
+    out.write("".join(f"{line}\n" for line in bad) + f"{len(bad)} bad file{'' if len(bad) == 1 else 's'}\n")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
