@@ -70,7 +70,7 @@ def _scan(directory: str) -> dict[str, list[str]]:
     """{class name: its image files} of a folder of class folders."""
     classes = _class_folders(directory)
     if not classes:
-        raise UserError(f"--dataset=images:{directory} holds no class folders (expected "
+        raise UserError(f"{directory} holds no class folders (--dataset=images:DIR expects "
                         "DIR/<class>/*.png|jpg, or DIR/train/<class>/... and DIR/test/<class>/...)")
     files = {}
     for name in classes:
