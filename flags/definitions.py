@@ -55,8 +55,9 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "Training data: mnist (mnist.npz or IDX files), fashion_mnist (IDX files), synthetic "
         "(generated, learnable; no files needed); npz:PATH (arrays x_train, y_train, x_test, y_test of "
         "any shape, in memory); tfrecord:TRAIN_GLOB[,TEST_GLOB] (tf.train.Example shards, streamed); "
-        "tfds:NAME[:CONFIG] (a TensorFlow Datasets builder already prepared under --data_dir, streamed; "
-        "pip install -e \".[tfds]\").", **f)
+        "images:DIR (JPEG/PNG files in class folders DIR/train/<class>/ and DIR/test/<class>/, or "
+        "DIR/<class>/ with --validation_split; streamed); tfds:NAME[:CONFIG] (a TensorFlow Datasets builder "
+        "already prepared under --data_dir, streamed; pip install -e \".[tfds]\").", **f)
     absl_flags.DEFINE_string(
         "data_dir", None,
         "Directory with local data files: mnist.npz or the 4 IDX files (train-images-idx3-ubyte.gz, "
@@ -75,11 +76,25 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "num_classes", 0, "Number of classes; 0: from the data (its largest label + 1). Labels must lie in "
         "[0, num_classes).", lower_bound=0, **f)
     absl_flags.DEFINE_integer(
-        "shuffle_buffer", 10000, "Examples held in the shuffle buffer of streamed sources (tfrecord:, tfds:); "
+        "shuffle_buffer", 10000, "Examples held in the shuffle buffer of streamed sources (tfrecord:, images:, tfds:); "
         "in-memory sources shuffle whole epochs.", lower_bound=1, **f)
     absl_flags.DEFINE_boolean(
         "cache", False, "Streamed sources: keep the raw records in memory after the first pass (file order "
         "then fixed, the shuffle buffer still shuffles).", **f)
+    absl_flags.DEFINE_string(
+        "image_size", "",
+        "--dataset=images:DIR (or tfrecord: records of encoded images): HEIGHT,WIDTH in pixels to resize "
+        "every image to (bilinear), e.g. 64,64; empty: keep the files' own size, which all of them must "
+        "share.", **f)
+    absl_flags.DEFINE_float(
+        "validation_split", 0.0,
+        "--dataset=images:DIR holding class folders without train/ and test/: the fraction (0 < F < 1) of "
+        "each class held out as the test split, chosen by a hash of each file's path (the same on every "
+        "worker and resume); 0: DIR/train and DIR/test give the splits.", **f)
+    absl_flags.register_validator(
+        "validation_split", lambda value: 0 <= value < 1,
+        message="--validation_split must be a fraction with 0 < F < 1 (0: use DIR/train and DIR/test)",
+        flag_values=flag_values)
     # Model, task, optimizer.
     absl_flags.DEFINE_string("model", "cnn", "Model from the registry in engine/models/registry.py: cnn (the "
                              "Keras MNIST example's CNN), cnn_bn (2 conv blocks, batch norm synchronised "
@@ -160,7 +175,8 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
     absl_flags.DEFINE_boolean(
         "allow_config_change", False,
         "Resume a --model_dir even though --model, --dataset, --global_batch, --task, --optimizer, "
-        "--lr_schedule or --precision differ from its config.json (the checkpoint must still match).", **f)
+        "--lr_schedule, --precision, --image_size, --validation_split or the data's class names differ "
+        "from its config.json (the checkpoint must still match).", **f)
     # TensorBoard extras.
     absl_flags.DEFINE_enum(
         "summaries", "full", ("full", "basic"),
@@ -193,7 +209,8 @@ def config_from_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> 
         num_workers=v.num_workers, input_mode=v.input_mode,
         dataset=v.dataset, data_dir=v.data_dir, synthetic_train_examples=v.synthetic_train_examples,
         synthetic_test_examples=v.synthetic_test_examples, synthetic_shape=v.synthetic_shape,
-        num_classes=v.num_classes, shuffle_buffer=v.shuffle_buffer, cache=v.cache, model=v.model, task=v.task,
+        num_classes=v.num_classes, shuffle_buffer=v.shuffle_buffer, cache=v.cache, image_size=v.image_size,
+        validation_split=v.validation_split, model=v.model, task=v.task,
         optimizer=v.optimizer, learning_rate=v.learning_rate, lr_schedule=v.lr_schedule,
         warmup_steps=v.warmup_steps, weight_decay=v.weight_decay, clip_norm=v.clip_norm,
         precision=v.precision, grad_accum_steps=v.grad_accum_steps, global_batch=v.global_batch,

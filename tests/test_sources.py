@@ -1,5 +1,5 @@
 """Data sources: npz of any shape, synthetic shapes, TFRecord streams (schema, sharding, eval once,
-resume), augmentation seeds, and the sources' bad input."""
+resume; image folders' resume too), augmentation seeds, and the sources' bad input."""
 
 from __future__ import annotations
 
@@ -135,16 +135,27 @@ def test_stream_resume_skips_exactly(tmp_path):
     assert len(set(epoch1.astype(int))) == 96  # no example twice within an epoch (100 examples)
 
 
-@pytest.mark.parametrize("kind", ["npz", "tfrecord"])
+def write_png_folders(directory, split, x, y):
+    """x (N, H, W, 1|3) uint8 as directory/split/<label>/<i>.png (labels 0-9 sort as their folders)."""
+    for i, (image, label) in enumerate(zip(x, y)):
+        os.makedirs(os.path.join(directory, split, str(label)), exist_ok=True)
+        tf.io.write_file(os.path.join(directory, split, str(label), f"{i:05d}.png"), tf.io.encode_png(image))
+
+
+@pytest.mark.parametrize("kind", ["npz", "tfrecord", "images"])
 def test_resume_is_bitwise_on_one_deterministic_replica(tmp_path, kind):
     x, y = sources.synthetic_arrays(640, seed=1, shape=(12, 12, 1))
     xt, yt = sources.synthetic_arrays(64, seed=2, shape=(12, 12, 1))
     if kind == "npz":
         dataset = "npz:" + write_npz(tmp_path / "d.npz", x, y, xt, yt)
-    else:
+    elif kind == "tfrecord":
         tfrecord.write_shards(str(tmp_path / "rec"), "train", x, y, 3)
         tfrecord.write_shards(str(tmp_path / "rec"), "test", xt, yt, 2)
         dataset = f"tfrecord:{tmp_path}/rec/train-*,{tmp_path}/rec/test-*"
+    else:
+        write_png_folders(str(tmp_path / "img"), "train", x, y)
+        write_png_folders(str(tmp_path / "img"), "test", xt, yt)
+        dataset = f"images:{tmp_path}/img"
     config = small_config(tmp_path / "stopped", dataset=dataset, train_steps=16, strategy="default",
                           deterministic=True, shuffle_buffer=100)
     train(config.replace(train_steps=7), out=QUIET)

@@ -1,8 +1,9 @@
 """The run's configuration is part of the run: `model_dir/config.json`.
 
 A fresh run (no checkpoint yet) records its flags there (chief only). A resumed run compares the
-flags that decide what the checkpoint and the data mean (RECORDED_IDENTITY) with the record and
-stops with a UserError naming each difference, unless --allow_config_change. Other flags
+flags that decide what the checkpoint and the data mean (RECORDED_IDENTITY), and the data's class
+names when the source has them (`class_names`, e.g. the folders of --dataset=images:DIR), with the
+record and stops with a UserError naming each difference, unless --allow_config_change. Other flags
 (train_steps, steps_per_loop, ...) may change between a run and its resumption. Keys the record
 has and this engine does not know are ignored, so older or newer records still load.
 """
@@ -19,7 +20,8 @@ from engine.errors import UserError
 FILE_NAME = "config.json"
 # Resuming with a different value of one of these is an error (--allow_config_change overrides).
 # model, optimizer, lr_schedule and precision also decide which variables the checkpoint holds.
-RECORDED_IDENTITY = ("model", "dataset", "global_batch", "task", "optimizer", "lr_schedule", "precision")
+RECORDED_IDENTITY = ("model", "dataset", "global_batch", "task", "optimizer", "lr_schedule", "precision",
+                     "image_size", "validation_split")
 
 
 def path(model_dir: str) -> str:
@@ -42,6 +44,11 @@ def create_model_dir(model_dir: str) -> None:
 
 def read(model_dir: str) -> dict | None:
     """The recorded flags, or None when the run has no record (a fresh run, or an older engine's)."""
+    record = _read_record(model_dir)
+    return None if record is None else record["flags"]
+
+
+def _read_record(model_dir: str) -> dict | None:
     try:
         with open(path(model_dir)) as f:
             record = json.load(f)
@@ -51,7 +58,7 @@ def read(model_dir: str) -> dict | None:
         raise UserError(f"cannot read {path(model_dir)} ({err}); fix or delete it to resume") from None
     if not isinstance(record, dict) or not isinstance(record.get("flags"), dict):
         raise UserError(f"{path(model_dir)} holds no 'flags' object; fix or delete it to resume")
-    return record["flags"]
+    return record
 
 
 def differences(recorded: dict, config) -> list[tuple[str, object, object]]:
@@ -67,7 +74,7 @@ def check_resume(config) -> list:
     Returns the allowed differences (empty for a fresh run or an unchanged one).
     """
     _check_is_dir(config.model_dir)
-    if tf.train.latest_checkpoint(os.path.join(config.model_dir, "checkpoints")) is None:
+    if not _has_checkpoint(config.model_dir):
         return []  # nothing to resume: a fresh run, whatever an earlier failed start recorded
     recorded = read(config.model_dir)
     changed = differences(recorded, config) if recorded is not None else []
@@ -79,6 +86,34 @@ def check_resume(config) -> list:
             "--allow_config_change to change them on purpose"
         )
     return changed
+
+
+def _has_checkpoint(model_dir: str) -> bool:
+    return tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")) is not None
+
+
+def _shown(names, most: int = 12) -> str:
+    names = list(names)
+    return ", ".join(names[:most]) + (f", ... ({len(names)} in all)" if len(names) > most else "")
+
+
+def check_class_names(config, class_names) -> bool:
+    """Stops a resumed run whose data names its classes otherwise than the record (a class folder
+    added, removed or renamed: the same label would mean another class), unless allowed.
+
+    Returns whether they changed (allowed): the record is then rewritten."""
+    if not class_names or not _has_checkpoint(config.model_dir):
+        return False
+    record = _read_record(config.model_dir)
+    recorded = record.get("class_names") if record else None
+    if recorded is None or list(recorded) == list(class_names):
+        return False
+    if not config.allow_config_change:
+        raise UserError(
+            f"--model_dir={config.model_dir} was trained on classes [{_shown(recorded)}] but "
+            f"--dataset={config.dataset} has [{_shown(class_names)}] (recorded in {path(config.model_dir)}); "
+            "restore the class folders, use a new --model_dir, or pass --allow_config_change")
+    return True
 
 
 def write(config, extra: dict) -> str:

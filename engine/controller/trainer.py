@@ -85,6 +85,7 @@ def _setup(config, out):
 
     task_class = load_task_class(config.task)
     data = sources.load_for_task(config, task_class)
+    classes_changed = run_record.check_class_names(config, data.spec.class_names)
     steps_per_epoch = pipelines.steps_per_epoch(data, config.global_batch)
     schedule = Schedule(
         total_steps=config.train_steps or config.epochs * steps_per_epoch,
@@ -103,7 +104,9 @@ def _setup(config, out):
     start_step = state.step
     report.banner(config, placement, data, per_replica, schedule, task.seed, task.model, start_step, out)
     run_facts = {"engine_version": __version__, "replicas": placement.num_replicas, "effective_seed": task.seed}
-    if placement.is_chief and (start_step == 0 or config_changes):
+    if data.spec.class_names:
+        run_facts["class_names"] = list(data.spec.class_names)  # label i is class_names[i]
+    if placement.is_chief and (start_step == 0 or config_changes or classes_changed):
         run_record.write(config, run_facts)
     return _Run(config=config, out=out, started=started, placement=placement, data=data, schedule=schedule,
                 task=task, state=state, run_facts=run_facts, start_step=start_step, checkpoint_path=checkpoint_path)

@@ -3,6 +3,9 @@
 Built-in names (in memory): mnist, fashion_mnist, synthetic. Sources with an argument:
   npz:PATH                          arrays x_train, y_train, x_test, y_test of any shape (in memory)
   tfrecord:TRAIN_GLOB[,TEST_GLOB]   tf.train.Example shards, streamed (engine/data/tfrecord.py)
+  images:DIR                        JPEG/PNG files in class folders: DIR/train/<class>/, DIR/test/<class>/,
+                                    or DIR/<class>/ with --validation_split; streamed, resized with
+                                    --image_size (also tfrecord: images) (engine/data/image_folders.py)
   tfds:NAME[:CONFIG]                a TensorFlow Datasets builder prepared under --data_dir, streamed
                                     (engine/data/tfds_source.py; the optional extra ".[tfds]")
 A source is an `ArraySource` (engine/data/arrays.py) or a `StreamSource` (engine/data/streams.py):
@@ -23,7 +26,10 @@ from engine.errors import UserError
 DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 
-SOURCE_KINDS = ("npz", "tfrecord", "tfds")  # --dataset=KIND:ARGUMENT
+SOURCE_KINDS = ("npz", "tfrecord", "images", "tfds")  # --dataset=KIND:ARGUMENT
+
+# Flags only some sources read: --dataset kinds -> what they apply to.
+IMAGE_OPTIONS = {"image_size": ("images", "tfrecord"), "validation_split": ("images",)}
 
 
 def load_for_task(config, task_class):
@@ -41,6 +47,7 @@ def load(config, parse_example=None):
     kind, colon, argument = config.dataset.partition(":")
     if config.data_dir is not None and not os.path.isdir(config.data_dir):
         raise UserError(f"--data_dir={config.data_dir} is not a directory")
+    _check_image_options(config, kind if colon else None)
     if not colon:
         if kind not in DATASETS:
             raise UserError(f"unknown --dataset={config.dataset!r}; valid: {', '.join(DATASETS)}, or "
@@ -49,9 +56,13 @@ def load(config, parse_example=None):
         source = loader[kind](config)
     elif kind not in SOURCE_KINDS or not argument:
         raise UserError(f"--dataset={config.dataset!r}: expected one of {', '.join(DATASETS)} or "
-                        "npz:PATH, tfrecord:TRAIN_GLOB[,TEST_GLOB], tfds:NAME[:CONFIG]")
+                        "npz:PATH, tfrecord:TRAIN_GLOB[,TEST_GLOB], images:DIR, tfds:NAME[:CONFIG]")
     elif kind == "npz":
         source = _load_npz(argument, config)
+    elif kind == "images":
+        from engine.data import image_folders
+
+        source = image_folders.load(argument, config)
     elif kind == "tfds":
         from engine.data import tfds_source  # imports tensorflow_datasets (optional) only for tfds:
 
@@ -62,6 +73,16 @@ def load(config, parse_example=None):
         source = tfrecord.load(argument, config, parse_example)
     _check_options(config, source)
     return source
+
+
+def _check_image_options(config, kind) -> None:
+    """--image_size and --validation_split given to a source that would ignore them (checked before
+    any data is read; tfrecord: checks that its records hold images)."""
+    for name, kinds in IMAGE_OPTIONS.items():
+        if getattr(config, name) and kind not in kinds:
+            applies = "--dataset=images:DIR" + (" and tfrecord: images" if "tfrecord" in kinds else "")
+            raise UserError(f"--{name}={getattr(config, name)} applies to {applies} only, not "
+                            f"--dataset={config.dataset}; drop it")
 
 
 def _check_options(config, source) -> None:

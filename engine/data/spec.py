@@ -48,5 +48,8 @@ class DataSpec:
     def describe(self) -> str:
         kind = "images" if self.is_image else "features"
         classes = f", {self.num_classes} classes" if self.num_classes else ""
+        if self.class_names:
+            shown = self.class_names[:10]
+            classes += f" ({', '.join(shown)}{', ...' if len(self.class_names) > len(shown) else ''})"
         return (f"{kind} {self.input_shape} {self.features.dtype.name}, labels {tuple(self.labels.shape)} "
                 f"{self.labels.dtype.name}{classes}")

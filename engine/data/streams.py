@@ -2,7 +2,9 @@
 
 A stream source is a list of UNITS (a TFRecord file; an image file with its label) and two
 functions: `read(unit) -> tf.data.Dataset` of raw records (bytes, no decoding) and
-`decode(record) -> (features, label)`. Its pipelines:
+`decode(record) -> (features, label)`. A unit or a record may be a tuple (an array per part, e.g.
+(paths, labels)): `read` and `decode` then take its parts as arguments, read(path, label). Its
+pipelines:
 
 Training, per input pipeline (one per worker):
     units of this pipeline (sharded, see below) -> epoch e: units in a (seed, e) order ->
@@ -112,8 +114,8 @@ class StreamSource:
         return dataset_fn
 
     def _decode_with_position(self, augment, pipeline):
-        def decode(position, record):
-            x, y = self.decode(record)
+        def decode(position, record):  # tuple records as separate arguments, as Dataset.map passes them
+            x, y = self.decode(*record) if isinstance(record, tuple) else self.decode(record)
             if augment is not None:
                 x, y = augment(x, y, position + tf.constant(pipeline, tf.int64) * (1 << 40))
             return x, y

@@ -1,7 +1,8 @@
 """`--dataset=tfrecord:TRAIN_GLOB[,TEST_GLOB]`: tf.train.Example records, streamed.
 
 The default schema (what `write_shards` writes), one example per record:
-  "image"  bytes: an encoded PNG or JPEG image (decoded with tf.io, to float [0, 1]),  or
+  "image"  bytes: an encoded PNG or JPEG image (decoded with tf.io, to float [0, 1]; resized to
+           --image_size=H,W when given, else all must share the first record's size),  or
   "x"      bytes: the example's features as tf.io.serialize_tensor (any shape and dtype),
   "label"  int64 (a class id) or float (a regression target), one value or a fixed-length list.
 A Task with its own record layout defines `parse_example(serialized) -> (features, label)` as a
@@ -20,7 +21,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from engine.data import streams
+from engine.data import image_folders, streams
 from engine.data.arrays import normalise_features, normalise_labels
 from engine.data.spec import DataSpec
 from engine.errors import UserError
@@ -42,7 +43,7 @@ def _first_example(path: str) -> tf.train.Example:
     raise UserError(f"{path}: holds no records")
 
 
-def _default_schema(path: str):
+def _default_schema(path: str, image_size: str = ""):
     """(decode function, label feature) of the default schema, from the first record of `path`."""
     features = _first_example(path).features.feature
     if "label" not in features or ("image" not in features and "x" not in features):
@@ -57,11 +58,15 @@ def _default_schema(path: str):
     if "image" in features:
         spec["image"] = tf.io.FixedLenFeature((), tf.string)
         shape = tf.io.decode_image(features["image"].bytes_list.value[0], expand_animations=False).shape
-        channels = shape[-1]
+        channels, size = shape[-1], image_folders.parse_image_size(image_size)
+        shape = (*size, channels) if size else shape
 
-        def to_features(parsed):
+        def to_features(parsed):  # uint8 (normalised by the caller), or float [0, 1] when resized
             image = tf.io.decode_image(parsed["image"], channels=channels, expand_animations=False)
-            return tf.ensure_shape(image, shape)
+            return tf.ensure_shape(image_folders.to_float_image(image, size) if size else image, shape)
+    elif image_size:
+        raise UserError(f"--image_size={image_size}: the records of {path} hold 'x' tensors, not encoded "
+                        "images; drop --image_size")
     else:
         from tensorflow.core.framework import tensor_pb2
 
@@ -117,9 +122,12 @@ def load(argument: str, config, parse_example=None) -> streams.StreamSource:
     num_train, num_test = _count(train_files), _count(test_files)
     num_classes = config.num_classes or None
     if parse_example is not None:
+        if config.image_size:
+            raise UserError(f"--image_size={config.image_size}: the Task's parse_example decodes {where}; "
+                            "resize there, or drop --image_size")
         decode = parse_example
     else:
-        decode, label_feature = _default_schema(train_files[0])
+        decode, label_feature = _default_schema(train_files[0], config.image_size)
         if label_feature.dtype == tf.int64:
             low_high = [_label_range(f, label_feature, where) for f in (train_files, test_files)]
             num_classes = num_classes or max(h for _, h in low_high) + 1

@@ -37,6 +37,16 @@ def parse_profile_steps(text: str) -> tuple | None:
     return start, end
 
 
+def class_names_markdown(names, counts) -> str:
+    """The confusion matrix's class numbers with their names, test examples and recall, as a table."""
+    rows = []
+    for i, name in enumerate(names):
+        total = int(counts[i].sum())
+        cell = str(name).replace("|", "&#124;")  # a "|" in a folder name would split the cell
+        rows.append(f"| {i} | {cell} | {total} | {counts[i, i] / max(total, 1):.3f} |")
+    return "| class | name | test examples | recall |\n|---|---|---|---|\n" + "\n".join(rows)
+
+
 class Monitor:
     """Chief-side TensorBoard extras for one run; every method is a no-op where it has no effect."""
 
@@ -66,6 +76,7 @@ class Monitor:
             train.write_images(0, "sample_inputs", images_lib.grid(images, captions=captions, caption_color=(64, 220, 64)),
                                description="The first training images with their labels (before shuffling).")
         flags = {k: v for k, v in self.config.as_dict().items() if k != "model_dir"}
+        extra_hparams = {k: v for k, v in extra_hparams.items() if k != "class_names"}  # a list, not a knob
         evaluation.write_hparams(hparam_values(flags, extra_hparams),
                                  self.task.eval_metrics, trial_id=os.path.basename(
                                      os.path.normpath(self.config.model_dir)))
@@ -107,9 +118,12 @@ class Monitor:
         num_classes = self.data.spec.num_classes
         counts = images_lib.confusion_matrix(labels, predictions, num_classes)
         writer = self.writers["eval"]
+        names = self.data.spec.class_names
         writer.write_images(step, "confusion_matrix", images_lib.confusion_image(counts), description=(
             f"Rows: true class, columns: predicted, over all {len(labels)} test examples (row-normalised "
-            "colour, counts in the cells)."))
+            "colour, counts in the cells)." + (" Class numbers: see the text class_names." if names else "")))
+        if names:
+            writer.write_text(step, "class_names", class_names_markdown(names, counts))
         wrong = np.flatnonzero(labels != predictions)[:len(wrong_images)]
         grid, pairs = images_lib.misclassified_grid(np.asarray(wrong_images), labels[wrong], predictions[wrong],
                                                     MISCLASSIFIED)
@@ -119,7 +133,8 @@ class Monitor:
                 "text misclassified_labels of the same step lists them."))
         writer.write_text(step, "misclassified_labels", (
             f"{int((labels != predictions).sum())} of {len(labels)} test images wrong; the first "
-            f"{len(pairs)} (true>predicted): " + ", ".join(f"{t}>{p}" for t, p in pairs)))
+            f"{len(pairs)} (true>predicted): " + ", ".join(
+                f"{t}>{p}" + (f" ({names[t]}>{names[p]})" if names else "") for t, p in pairs)))
 
     def _predictions(self):
         """(labels, predicted classes, the first wrong images) over every test example, from the
