@@ -19,10 +19,7 @@ from conftest import run_cli, small_config, tensorboard_run
 from engine.config import Config
 from engine.controller.trainer import train
 from engine.data import image_folders, sources, tfrecord
-from engine.distribute.strategy import build_strategy
 from engine.errors import UserError
-from engine.loop import make_eval_loop
-from engine.task import Task
 from flags.definitions import config_from_flags, define_flags
 from tasks import IdCountingTask
 from test_sources import stream_eval_totals
