@@ -169,10 +169,12 @@ def example(features: np.ndarray, label, encode_png: bool) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=entry)).SerializeToString()
 
 
-def write_shards(directory: str, split: str, x: np.ndarray, y: np.ndarray, shards: int) -> list:
-    """Writes x, y as `shards` files DIR/SPLIT-00000-of-0000N.tfrecord (examples dealt round-robin)."""
+def write_shards(directory: str, split: str, x: np.ndarray, y: np.ndarray, shards: int, png: bool = True) -> list:
+    """Writes x, y as `shards` files DIR/SPLIT-00000-of-0000N.tfrecord (examples dealt round-robin).
+    uint8 images are PNG-encoded ("image") unless `png` is False; everything else is stored as a
+    serialized tensor ("x"), which is larger on disk but several times cheaper to decode."""
     os.makedirs(directory, exist_ok=True)
-    encode_png = x.dtype == np.uint8 and x.ndim in (3, 4) and (x.ndim == 3 or x.shape[-1] in (1, 3, 4))
+    encode_png = png and x.dtype == np.uint8 and x.ndim in (3, 4) and (x.ndim == 3 or x.shape[-1] in (1, 3, 4))
     paths = [os.path.join(directory, f"{split}-{i:05d}-of-{shards:05d}.tfrecord") for i in range(shards)]
     writers = [tf.io.TFRecordWriter(p) for p in paths]
     try:
@@ -190,10 +192,13 @@ def main(argv=None) -> None:
     parser.add_argument("--npz", required=True, help="input .npz with x_train, y_train, x_test, y_test")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--shards", type=int, default=8, help="files per split (default 8)")
+    parser.add_argument("--raw", action="store_true",
+                        help="store uint8 images as serialized tensors, not PNG (bigger, faster to decode)")
     args = parser.parse_args(argv)
     with np.load(args.npz) as arrays:
         for split in ("train", "test"):
-            paths = write_shards(args.out, split, arrays[f"x_{split}"], arrays[f"y_{split}"], args.shards)
+            paths = write_shards(args.out, split, arrays[f"x_{split}"], arrays[f"y_{split}"], args.shards,
+                                 png=not args.raw)
             print(f"{split}: {len(arrays[f'x_{split}'])} examples in {len(paths)} files {paths[0]} ...")
 
 
