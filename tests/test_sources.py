@@ -142,28 +142,47 @@ def write_png_folders(directory, split, x, y):
         tf.io.write_file(os.path.join(directory, split, str(label), f"{i:05d}.png"), tf.io.encode_png(image))
 
 
-@pytest.mark.parametrize("kind", ["npz", "tfrecord", "images"])
-def test_resume_is_bitwise_on_one_deterministic_replica(tmp_path, kind):
+def dataset_of_kind(tmp_path, kind) -> str:
+    """The same 640 train / 64 test 12x12 grey images as an npz, TFRecords or PNG folders."""
     x, y = sources.synthetic_arrays(640, seed=1, shape=(12, 12, 1))
     xt, yt = sources.synthetic_arrays(64, seed=2, shape=(12, 12, 1))
     if kind == "npz":
-        dataset = "npz:" + write_npz(tmp_path / "d.npz", x, y, xt, yt)
-    elif kind == "tfrecord":
+        return "npz:" + write_npz(tmp_path / "d.npz", x, y, xt, yt)
+    if kind == "tfrecord":
         tfrecord.write_shards(str(tmp_path / "rec"), "train", x, y, 3)
         tfrecord.write_shards(str(tmp_path / "rec"), "test", xt, yt, 2)
-        dataset = f"tfrecord:{tmp_path}/rec/train-*,{tmp_path}/rec/test-*"
-    else:
-        write_png_folders(str(tmp_path / "img"), "train", x, y)
-        write_png_folders(str(tmp_path / "img"), "test", xt, yt)
-        dataset = f"images:{tmp_path}/img"
-    config = small_config(tmp_path / "stopped", dataset=dataset, train_steps=16, strategy="default",
-                          deterministic=True, shuffle_buffer=100)
-    train(config.replace(train_steps=7), out=QUIET)
-    assert train(config, out=QUIET).start_step == 7
-    train(config.replace(model_dir=str(tmp_path / "straight")), out=QUIET)
+        return f"tfrecord:{tmp_path}/rec/train-*,{tmp_path}/rec/test-*"
+    write_png_folders(str(tmp_path / "img"), "train", x, y)
+    write_png_folders(str(tmp_path / "img"), "test", xt, yt)
+    return f"images:{tmp_path}/img"
+
+
+def _stopped_and_straight(tmp_path, kind, **overrides):
+    """A run stopped at step 7 and resumed to 16 (with `overrides`), and one straight to 16 on one
+    replica: their final checkpoints."""
+    config = small_config(tmp_path / "stopped", dataset=dataset_of_kind(tmp_path, kind), train_steps=16,
+                          shuffle_buffer=100, deterministic=True)
+    train(config.replace(train_steps=7, **overrides), out=QUIET)
+    assert train(config.replace(**overrides), out=QUIET).start_step == 7
+    train(config.replace(model_dir=str(tmp_path / "straight"), strategy="default"), out=QUIET)
     stopped, straight = checkpoint_state(tmp_path / "stopped"), checkpoint_state(tmp_path / "straight")
     assert sorted(stopped) == sorted(straight)
+    return stopped, straight
+
+
+@pytest.mark.parametrize("kind", ["npz", "tfrecord", "images"])
+def test_resume_is_bitwise_on_one_deterministic_replica(tmp_path, kind):
+    stopped, straight = _stopped_and_straight(tmp_path, kind, strategy="default")
     assert all(np.array_equal(stopped[k], straight[k]) for k in stopped)
+
+
+@pytest.mark.parametrize("kind", ["tfrecord", "images"])
+def test_two_replicas_resumed_match_one_replica_straight(tmp_path, kind):
+    """A stream on 2 replicas (consecutive per-replica batches = one global batch), stopped and
+    resumed, ends where one replica fed the same global batches ends."""
+    stopped, straight = _stopped_and_straight(tmp_path, kind, strategy="mirrored", cpu_replicas=2)
+    for name in stopped:
+        np.testing.assert_allclose(stopped[name], straight[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 # ---- augmentation ----
