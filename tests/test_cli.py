@@ -202,6 +202,28 @@ def _corrupt_tfrecord(tmp):
     return [f"--dataset=tfrecord:{tmp / 'rec'}/train-*", "--model=mlp"]
 
 
+def _image_folders(tmp, corrupt_body=False):
+    for split, n in (("train", 300), ("test", 8)):
+        for label in ("a", "b"):
+            (tmp / "img" / split / label).mkdir(parents=True)
+            for i in range(n // 2):
+                (tmp / "img" / split / label / f"{i:03d}.png").write_bytes(_TINY_PNG)
+    if corrupt_body:  # valid PNG signatures, then garbage: found only when decoded, in the first batch
+        for i in range(1, 150):  # all of class b but its first file (which start-up decodes)
+            (tmp / "img" / "train" / "b" / f"{i:03d}.png").write_bytes(_TINY_PNG[:8] + b"garbage" * 20)
+    return [f"--dataset=images:{tmp / 'img'}", "--train_steps=10"]
+
+
+def _no_class_folders(tmp):
+    (tmp / "photos").mkdir()
+    (tmp / "photos" / "loose.png").write_bytes(_TINY_PNG)
+    return [f"--dataset=images:{tmp / 'photos'}"]
+
+
+_TINY_PNG = bytes.fromhex("89504e470d0a1a0a0000000d494844520000000200000002080000000057dd52f80000000e"
+                          "49444154089963606060606000000006000185c299bc0000000049454e44ae426082")  # 2x2 grey
+
+
 # args (a list, or a function of tmp_path giving one), exit code, keywords in the last line
 BAD_INPUTS = [
     pytest.param(["--strategy=nope"], 1, ["strategy"], id="unknown_strategy"),
@@ -267,6 +289,10 @@ BAD_INPUTS = [
                  ["classifies", "float32"], id="float_targets_with_classification"),
     pytest.param(["--dataset=parquet:x"], 2, ["--dataset", "npz:PATH"], id="dataset_kind_unknown"),
     pytest.param(["--synthetic_shape=28,x"], 2, ["--synthetic_shape"], id="synthetic_shape_bad"),
+    pytest.param(lambda tmp: _image_folders(tmp, corrupt_body=True), 2,
+                 ["input pipeline failed", "PNG", "image_folders"], id="images_corrupt_file_mid_training"),
+    pytest.param(_no_class_folders, 2, ["class folders"], id="images_dir_without_classes"),
+    pytest.param(["--image_size=32,32"], 2, ["--image_size"], id="image_size_on_synthetic"),
 ]
 
 

@@ -55,6 +55,10 @@ def train(config, out=None) -> RunResult:
     try:
         return _train(config, out or sys.stdout)
     except tf.errors.OpError as err:
+        if _from_input_pipeline(err):
+            hint = ("; `python -m engine.data.image_folders DIR` lists every bad file"
+                    if config.dataset.startswith("images:") else "")
+            raise UserError(f"--dataset={config.dataset}: the input pipeline failed: {_first_cause(err)}{hint}") from None
         if config.strategy != "multi_worker_mirrored":
             raise
         raise collective_failure(err, parse_tf_config(os.environ.get("TF_CONFIG"))) from None
@@ -270,6 +274,20 @@ class _Run:
         if self.placement.is_chief:
             report.summary(result, self.out)
         return result
+
+
+def _from_input_pipeline(err) -> bool:
+    """A bad record or file met while reading (decoding, parsing), not a bug in the step."""
+    return isinstance(err, (tf.errors.InvalidArgumentError, tf.errors.DataLossError, tf.errors.NotFoundError)) and (
+        "IteratorGetNext" in str(err) or "MultiDeviceIteratorGetNextFromShard" in str(err))
+
+
+def _first_cause(err) -> str:
+    """The line of TensorFlow's message that says what went wrong (not the graph-location lines)."""
+    noise = ("Graph execution error", "Detected at node", "<stack traces unavailable>", "[[")
+    lines = [line.strip() for line in str(err.message).splitlines()]
+    causes = [line for line in lines if line and not line.startswith(noise)]
+    return (causes[0] if causes else lines[0])[:300]
 
 
 def _set_op_determinism(on: bool) -> None:
