@@ -78,8 +78,6 @@ def main(argv) -> int:
 
 
 def _role(config):
-    from engine.errors import UserError
-
     """A TF_CONFIG task of type evaluator is a sidecar: continuous_eval on a local strategy
     (mirrored over its own devices), outside the workers' collectives. TF_CONFIG is checked in a
     second, before TensorFlow loads."""
@@ -88,10 +86,12 @@ def _role(config):
     from engine.distribute.cluster import parse_tf_config
     from engine.errors import UserError
 
-    if not parse_tf_config(os.environ.get("TF_CONFIG")).is_evaluator:
+    raw = os.environ.get("TF_CONFIG")
+    if not (raw and parse_tf_config(raw).is_evaluator):
         if config.mode != "train":
             raise UserError(f"--mode={config.mode} runs in one process, outside the workers' collectives: use "
                             "--strategy=mirrored (or default), or a TF_CONFIG task of type evaluator")
+        parse_tf_config(raw)  # fail in a second, before TensorFlow loads
         return config
     return config.replace(mode="continuous_eval", strategy="mirrored", num_workers=0)
 
