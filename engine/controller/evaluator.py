@@ -115,14 +115,14 @@ class _Evaluator:
         seed = int(self.recorded.get("seed") or 0)
         build.seed_everything(seed, config.deterministic)
         task_class, self.data, _ = build.load_data(config)
+        self.best = BestKeeper(config.model_dir, config.best_metric, metric_names=tuple(task_class.eval_metrics)) \
+            if config.best_metric else None
         self.task, self.state = build.build_task_state(
             config, self.placement, task_class, self.data, seed=seed, total_steps=self.total_steps(),
             writable=False)
         self.eval_data = pipelines.distributed_eval_data(self.placement.strategy, self.data, config)
         self.eval_loop = make_eval_loop(self.placement.strategy, self.task)
         self.writer = SummaryWriter(os.path.join(config.model_dir, "eval"))
-        self.best = BestKeeper(config.model_dir, config.best_metric, metric_names=tuple(self.task.eval_metrics)) \
-            if config.best_metric else None
         self.evaluated = _read_evaluated(config.model_dir)
         self.say(f"evaluator    {self.placement.name}: {self.placement.num_replicas} replica(s) on "
                  f"{', '.join(self.placement.devices)}; {self.data.num_test} test examples of {self.data.name}; "

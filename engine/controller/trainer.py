@@ -83,6 +83,8 @@ def _setup(config, out):
 
     task_class, data, steps_per_epoch = build.load_data(config)
     classes_changed = run_record.check_class_names(config, data.spec.class_names)
+    best = BestKeeper(config.model_dir, config.best_metric, metric_names=tuple(task_class.eval_metrics),
+                      is_chief=placement.is_chief) if config.best_metric else None
     eval_every = config.eval_every
     if cluster is not None and cluster.has_evaluator and eval_every >= 0:
         eval_every = -1  # the sidecar evaluates each checkpoint; never both
@@ -108,7 +110,8 @@ def _setup(config, out):
     if placement.is_chief and (start_step == 0 or config_changes or classes_changed):
         run_record.write(config, run_facts)
     return _Run(config=config, out=out, started=started, placement=placement, data=data, schedule=schedule,
-                task=task, state=state, run_facts=run_facts, start_step=start_step, checkpoint_path=checkpoint_path)
+                task=task, state=state, run_facts=run_facts, start_step=start_step, checkpoint_path=checkpoint_path,
+                best=best)
 
 
 def _train(config, out) -> RunResult:
@@ -129,6 +132,7 @@ class _Run:
     run_facts: dict
     start_step: int
     checkpoint_path: str | None
+    best: BestKeeper | None = None  # --best_metric: keeps model_dir/best/ after each evaluation
 
     def __post_init__(self):
         config, strategy, task = self.config, self.placement.strategy, self.task
@@ -147,8 +151,6 @@ class _Run:
             jit_compile=config.jit_compile, skip_nonfinite=config.on_nonfinite == "skip",
             grad_norm=config.summaries == "full", gradients=config.histogram_every > 0)
         self.eval_loop = make_eval_loop(strategy, task)
-        self.best = BestKeeper(config.model_dir, config.best_metric, metric_names=tuple(task.eval_metrics),
-                               is_chief=self.placement.is_chief) if config.best_metric else None
         self.progress = Progress(self.schedule.total_steps, self.schedule.steps_per_epoch, self.start_step,
                                  stream=self.out, enabled=self.placement.is_chief)
 
