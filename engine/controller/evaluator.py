@@ -151,9 +151,9 @@ class _Evaluator:
         metrics, line = build.evaluate_split(self.eval_loop, self.eval_data, self.data.num_test, step)
         self.writer.write_scalars(step, metrics)
         self.writer.flush()
-        self.say(line + f"  [{os.path.basename(path)}]")
-        self.evaluated.add(step)
+        self.evaluated.add(step)  # recorded at once: a killed evaluator's successor skips this step
         _write_evaluated(self.config.model_dir, self.evaluated)
+        self.say(line + f"  [{os.path.basename(path)}]")
         self.result.evaluated[step] = metrics
         if self.best is not None:
             kept = self.best.update(step, metrics, self.state.checkpointer.checkpoint, self.task.model)
