@@ -41,8 +41,8 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "--model_dir still gives config.json and the eval/ run); empty: the latest one of --model_dir.", **f)
     absl_flags.DEFINE_float(
         "eval_timeout", 3600.0,
-        "--mode=eval/continuous_eval: seconds to wait for the run's config.json and first checkpoint, and "
-        "(continuous_eval) for each new checkpoint before stopping.", **f)
+        "--mode=continuous_eval (and the evaluator task): seconds to wait for the run's config.json, for "
+        "its first checkpoint and for each new one before stopping (--mode=eval does not wait).", **f)
     absl_flags.register_validator(
         "eval_timeout", lambda value: math.isfinite(value) and value > 0,
         message="--eval_timeout must be a finite number of seconds > 0", flag_values=flag_values)
