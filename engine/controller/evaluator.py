@@ -220,7 +220,7 @@ class _Evaluator:
 def _holds_something_else(model_dir: str) -> bool:
     """A directory that has content but neither a run record nor checkpoints: not a training run.
     (A starting run's directory is empty until its config.json appears.)"""
-    names = set(os.listdir(model_dir))
+    names = {name for name in os.listdir(model_dir) if not name.startswith(".") and name != "lost+found"}
     return bool(names) and not names & {"checkpoints", "train", "eval"}
 
 
