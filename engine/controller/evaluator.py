@@ -134,6 +134,9 @@ class _Evaluator:
         recorded = run_record.read(self.config.model_dir) or self.recorded
         if recorded.get("train_steps"):
             return int(recorded["train_steps"])
+        if not recorded.get("epochs") or not recorded.get("global_batch"):
+            raise UserError(f"{run_record.path(self.config.model_dir)} records neither train_steps nor epochs "
+                            "and global_batch: the run's last step is unknown")
         return int(recorded["epochs"]) * pipelines.steps_per_epoch(self.data, int(recorded["global_batch"]))
 
     # Evaluation ------------------------------------------------------------------------------
