@@ -38,6 +38,19 @@ def _files(directory) -> dict:
     return {name: os.path.getmtime(os.path.join(directory, name)) for name in sorted(os.listdir(directory))}
 
 
+class _Lines:
+    """A console stream that keeps what is written."""
+
+    def __init__(self):
+        self.text = ""
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
 def _eval_scalars(model_dir) -> dict:
     """{tag: [(step, value), ...]} of the run's eval/ TensorBoard run (every writer's events)."""
     return tensorboard_scalars(os.path.join(str(model_dir), "eval"))
@@ -170,19 +183,11 @@ def test_evaluator_waits_for_training_skips_deleted_and_unlisted_checkpoints(tmp
             os.remove(run / "checkpoints" / name)
     for suffix in (".index", ".data-00000-of-00001"):
         (run / "checkpoints" / f"ckpt-9{suffix}").write_bytes(b"half written")
-    lines = []
-
-    class Out:
-        def write(self, text):
-            lines.append(text)
-
-        def flush(self):
-            pass
-
+    out = _Lines()
     config = small_config(run, model="mlp", mode="continuous_eval", eval_timeout=3, strategy="mirrored",
                           cpu_replicas=2)
-    result = evaluate(config, out=Out())
-    text = "".join(lines)
+    result = evaluate(config, out=out)
+    text = out.text
     assert list(result.evaluated) == [3]
     assert [os.path.basename(p) for p in result.skipped] == ["ckpt-6"]
     assert "warning      checkpoint" in text and "ckpt-6 was deleted" in text
@@ -217,3 +222,19 @@ def test_best_metric_directions(spec, expected):
 def test_best_metric_must_be_an_eval_metric(tmp_path):
     with pytest.raises(UserError, match="eval metrics are loss, accuracy; there is no 'top5'"):
         best_lib.BestKeeper(str(tmp_path), "+top5", metric_names=("loss", "accuracy"))
+
+
+def test_continuous_eval_knows_an_epoch_runs_last_step(tmp_path):
+    """A run of --epochs (no --train_steps): the evaluator takes the last step from config.json's
+    epochs and the data's steps per epoch at the run's global batch (1024 / 64 = 16), and stops there
+    at once, not after --eval_timeout."""
+    run = tmp_path / "run"
+    train(small_config(run, model="mlp", train_steps=0, epochs=1, checkpoint_every=8, eval_every=-1), **QUIET)
+    out = _Lines()
+    started = time.monotonic()
+    # Another global batch for evaluation; steps per epoch still come from the run's.
+    result = evaluate(small_config(run, model="mlp", mode="continuous_eval", eval_timeout=60, global_batch=100),
+                      out=out)
+    assert list(result.evaluated) == [8, 16]
+    assert "done         evaluated the run's last step 16" in out.text
+    assert time.monotonic() - started < 30
