@@ -238,3 +238,19 @@ def test_continuous_eval_knows_an_epoch_runs_last_step(tmp_path):
     assert list(result.evaluated) == [8, 16]
     assert "done         evaluated the run's last step 16" in out.text
     assert time.monotonic() - started < 30
+
+
+def test_best_checkpoint_kept_by_the_chief_of_two_workers(tmp_path):
+    """Evaluating in training on 2 workers, every worker takes part in the best-checkpoint save
+    (none hangs) and the chief's model_dir/best follows --best_metric=-loss (the signed form)."""
+    run = tmp_path / "run"
+    proc = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", *ARGS, "--train_steps=12", "--eval_every=3",
+                   "--collective_timeout=60", "--best_metric=-loss", f"--model_dir={run}", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    loss = _eval_scalars(run)["loss"]
+    assert [step for step, _ in loss] == [3, 6, 9, 12]
+    best_step, best_loss = min(loss, key=lambda item: item[1])
+    record = best_lib.read(str(run))
+    assert (record["metric"], record["higher_is_better"], record["step"]) == ("loss", False, best_step)
+    assert record["value"] == pytest.approx(best_loss, rel=1e-6)
+    assert tf.train.load_checkpoint(record["checkpoint"]).get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE") == best_step
