@@ -6,6 +6,10 @@
       two CPU replicas, Fashion-MNIST from /usr/share/datasets/fashion-mnist.
   python run.py --dataset=synthetic --train_steps=200 --model_dir=/tmp/run1
       no files needed; rerun the same command to resume from /tmp/run1.
+  python run.py --mode=eval --model_dir=/tmp/run1 --dataset=synthetic --strategy=mirrored --cpu_replicas=2
+      evaluate /tmp/run1's latest checkpoint on the test split (any strategy), print and log it.
+  python run.py --strategy=multi_worker_mirrored --num_workers=2 --evaluator --best_metric=accuracy
+      two local workers train; a sidecar evaluates each checkpoint, keeps model_dir/best/.
   python run.py --flagfile=my.flags      flags from a file
   python run.py --help                   every flag, its meaning and units
 
@@ -45,18 +49,20 @@ def main(argv) -> int:
         return 2
     from engine.errors import StopRun
 
-    config = engine_flags.config_from_flags()
-    if config.strategy == "multi_worker_mirrored" and config.num_workers and not os.environ.get("TF_CONFIG"):
-        from engine.distribute.launch import launch
-
-        # Every worker gets the same model_dir (a default one is resolved here, once).
-        return launch(config.num_workers, [*sys.argv[1:], f"--model_dir={config.model_dir}"],
-                      script=os.path.abspath(__file__))
     try:
-        if config.strategy == "multi_worker_mirrored":
-            from engine.distribute.cluster import parse_tf_config
+        config = engine_flags.config_from_flags()
+        if config.strategy == "multi_worker_mirrored" and config.num_workers and not os.environ.get("TF_CONFIG"):
+            from engine.distribute.launch import launch
 
-            parse_tf_config(os.environ.get("TF_CONFIG"))  # fail in a second, before TensorFlow loads
+            # Every worker gets the same model_dir (a default one is resolved here, once).
+            return launch(config.num_workers, [*sys.argv[1:], f"--model_dir={config.model_dir}"],
+                          script=os.path.abspath(__file__), evaluator=config.evaluator)
+        config = _role(config)
+        if config.mode != "train":
+            from engine.controller.evaluator import evaluate
+
+            evaluate(config)
+            return 0
         from engine.controller.trainer import train
 
         train(config)
@@ -69,6 +75,25 @@ def main(argv) -> int:
     gc.collect()
     print(message, file=sys.stderr)
     return exit_code
+
+
+def _role(config):
+    """A TF_CONFIG task of type evaluator is a sidecar: continuous_eval on a local strategy
+    (mirrored over its own devices), outside the workers' collectives. TF_CONFIG is checked in a
+    second, before TensorFlow loads."""
+    if config.strategy != "multi_worker_mirrored":
+        return config
+    from engine.distribute.cluster import parse_tf_config
+    from engine.errors import UserError
+
+    raw = os.environ.get("TF_CONFIG")
+    if not (raw and parse_tf_config(raw).is_evaluator):
+        if config.mode != "train":
+            raise UserError(f"--mode={config.mode} runs in one process, outside the workers' collectives: use "
+                            "--strategy=mirrored (or default), or a TF_CONFIG task of type evaluator")
+        parse_tf_config(raw)  # fail in a second, before TensorFlow loads
+        return config
+    return config.replace(mode="continuous_eval", strategy="mirrored", num_workers=0)
 
 
 def entry_point() -> None:

@@ -12,10 +12,19 @@ DATASETS = ("mnist", "fashion_mnist", "synthetic")  # built-in names; also npz:P
 INPUT_MODES = ("distribute_dataset", "per_worker")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 LR_SCHEDULES = ("constant", "cosine", "warmup_cosine")
+MODES = ("train", "eval", "continuous_eval")
+# --best_metric without a sign: the direction of the known metric names (+: higher is better).
+METRIC_DIRECTIONS = {"accuracy": "+", "loss": "-"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
+    # What this process does: train, evaluate one checkpoint, or evaluate each new one (a sidecar).
+    mode: str = "train"
+    checkpoint: str = ""  # --mode=eval: this checkpoint (path prefix) instead of model_dir's latest.
+    eval_timeout: float = 3600.0  # seconds an evaluator waits for config.json / a new checkpoint.
+    best_metric: str = ""  # "accuracy", "loss", "+name" (higher better), "-name" (lower); "": off.
+    evaluator: bool = False  # --num_workers launcher: also start one local evaluator process.
     # Distribution.
     strategy: str = "default"
     cpu_replicas: int = 1
@@ -49,7 +58,7 @@ class Config:
     epochs: int = 3
     train_steps: int = 0  # > 0 wins over epochs.
     steps_per_loop: int = 100
-    eval_every: int = 0  # 0: at each epoch end.
+    eval_every: int = 0  # 0: at each epoch end; -1: never in training (a sidecar evaluates).
     checkpoint_every: int = 0  # 0: at each epoch end.
     keep_checkpoints: int = 3
     on_nonfinite: str = "stop"  # a NaN/Inf loss or gradient: "stop" the run, or "skip" the step.

@@ -9,7 +9,8 @@ import re
 
 from absl import flags as absl_flags
 
-from engine.config import INPUT_MODES, LR_SCHEDULES, PRECISIONS, STRATEGIES, Config
+from engine.errors import UserError
+from engine.config import INPUT_MODES, LR_SCHEDULES, METRIC_DIRECTIONS, MODES, PRECISIONS, STRATEGIES, Config
 
 OPTIMIZERS = ("adam", "sgd")
 NONFINITE_ACTIONS = ("stop", "skip")
@@ -26,6 +27,42 @@ def default_model_dir(dataset: str, model: str, strategy: str) -> str:
 def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
     """Declares the flags on `flag_values` (absl's global FLAGS by default). Call once."""
     f = dict(flag_values=flag_values)
+    # What this process does.
+    absl_flags.DEFINE_enum(
+        "mode", "train", MODES,
+        "train: train (and evaluate as --eval_every says); eval: evaluate the latest checkpoint of "
+        "--model_dir (or --checkpoint) on the test split once, write the metrics to its eval/ run at the "
+        "checkpoint's step, exit; continuous_eval: evaluate each new checkpoint of --model_dir once, until "
+        "the run's last step or --eval_timeout seconds without a new one (a TF_CONFIG task of type "
+        "evaluator always runs this).", **f)
+    absl_flags.DEFINE_string(
+        "checkpoint", "",
+        "--mode=eval: the checkpoint to evaluate, a path prefix such as RUN/checkpoints/ckpt-600 (its "
+        "--model_dir still gives config.json and the eval/ run); empty: the latest one of --model_dir.", **f)
+    absl_flags.DEFINE_float(
+        "eval_timeout", 3600.0,
+        "--mode=continuous_eval (and the evaluator task): seconds to wait for the run's config.json, for "
+        "its first checkpoint and for each new one before stopping (--mode=eval does not wait).", **f)
+    absl_flags.register_validator(
+        "eval_timeout", lambda value: math.isfinite(value) and value > 0,
+        message="--eval_timeout must be a finite number of seconds > 0", flag_values=flag_values)
+    absl_flags.DEFINE_string(
+        "best_metric", "",
+        "Keep the best checkpoint by this eval metric in <model_dir>/best/ (checkpoint, model.keras, "
+        "best.json with step and value), updated by whichever process evaluates: "
+        + ", ".join(f"{name} ({'higher' if sign == '+' else 'lower'} is better)"
+                    for name, sign in METRIC_DIRECTIONS.items())
+        + "; any other eval metric with its direction: +NAME (higher is better) or -NAME (lower); "
+        "empty: off.", **f)
+    absl_flags.register_validator(
+        "best_metric", _valid_best_metric,
+        message="--best_metric must be accuracy, loss, +NAME (higher is better) or -NAME (lower is better)",
+        flag_values=flag_values)
+    absl_flags.DEFINE_boolean(
+        "evaluator", False,
+        "With --num_workers=N and no TF_CONFIG: also start one local evaluator process (TF_CONFIG task "
+        "type evaluator) that evaluates each checkpoint beside the workers; the workers then skip "
+        "in-training evaluation.", **f)
     # Distribution.
     absl_flags.DEFINE_enum(
         "strategy", "default", STRATEGIES,
@@ -156,7 +193,8 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "between loops.", lower_bound=1, **f)
     absl_flags.DEFINE_integer(
         "eval_every", 0, "Evaluate on the whole test set every this many steps; 0: at each epoch end. "
-        "Always also at the end.", lower_bound=0, **f)
+        "Always also at the end. -1: never during training (a sidecar evaluator or --mode=eval does it; "
+        "the default with a TF_CONFIG evaluator task).", lower_bound=-1, **f)
     absl_flags.DEFINE_integer(
         "checkpoint_every", 0, "Save a checkpoint every this many steps; 0: at each epoch end. "
         "Always also at the end.", lower_bound=0, **f)
@@ -200,11 +238,26 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "jit_compile", False, "Compile the step with XLA. Off by default: about 3x slower for the CNN on CPU.", **f)
 
 
+def _valid_best_metric(text: str) -> bool:
+    if text in ("", *METRIC_DIRECTIONS):
+        return True
+    return bool(re.fullmatch(r"[+-][A-Za-z_][A-Za-z0-9_./]*", text))
+
+
 def config_from_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> Config:
     """The parsed flags as a frozen Config (after absl has validated each flag)."""
     v = flag_values
     model_dir = v.model_dir or default_model_dir(v.dataset, v.model, v.strategy)
+    if v.checkpoint and v.mode != "eval":
+        raise UserError(
+            f"--checkpoint={v.checkpoint} needs --mode=eval (training and continuous_eval use --model_dir's checkpoints)")
+    if v.evaluator and not (v.num_workers and v.strategy == "multi_worker_mirrored"):
+        raise UserError(
+            "--evaluator needs --strategy=multi_worker_mirrored --num_workers=N (the local launcher); on a "
+            "cluster give TF_CONFIG an 'evaluator' task instead")
     return Config(
+        mode=v.mode, checkpoint=v.checkpoint, eval_timeout=v.eval_timeout, best_metric=v.best_metric,
+        evaluator=v.evaluator,
         strategy=v.strategy, cpu_replicas=v.cpu_replicas, collective_timeout=v.collective_timeout,
         num_workers=v.num_workers, input_mode=v.input_mode,
         dataset=v.dataset, data_dir=v.data_dir, synthetic_train_examples=v.synthetic_train_examples,

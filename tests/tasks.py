@@ -215,3 +215,18 @@ class IdCountingTask(Task):
         ids, count = self.example_ids(x), tf.cast(tf.shape(x)[0], tf.float32)
         return {"mean_id": (tf.reduce_sum(ids), count),
                 "mean_sq": (tf.reduce_sum(tf.square(ids - self.ID_CENTRE)), count)}
+
+
+def _sleep_a_quarter_second():
+    import time
+
+    time.sleep(0.25)
+    return 0
+
+
+class SlowTrainingTask(Task):
+    """The default step, 0.25 s slower: training stays running while a sidecar evaluator works."""
+
+    def train_step(self, batch):
+        with tf.control_dependencies([tf.py_function(_sleep_a_quarter_second, [], tf.int32)]):
+            return super().train_step(batch)

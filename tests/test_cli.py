@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import json
 import os
 import shutil
 import struct
@@ -162,6 +163,19 @@ _LABELS_12 = (np.arange(256) % 10).astype(np.uint8)
 _LABELS_12[5] = 12
 
 
+def _not_a_run(tmp):
+    (tmp / "run").mkdir()
+    (tmp / "run" / "notes.txt").write_text("not a training run\n")
+    return ["--mode=eval"]
+
+
+def _run_of_another_model(tmp):
+    """A run record (config.json) of a cnn run; the case evaluates it as an mlp."""
+    (tmp / "run").mkdir()
+    (tmp / "run" / "config.json").write_text(json.dumps({"flags": {"model": "cnn", "dataset": "synthetic"}}))
+    return ["--mode=eval"]
+
+
 def _model_dir_is_a_file(tmp):
     (tmp / "a_file").write_text("not a directory\n")
     return [f"--model_dir={tmp / 'a_file'}"]
@@ -293,6 +307,22 @@ BAD_INPUTS = [
                  ["input pipeline failed", "PNG", "image_folders"], id="images_corrupt_file_mid_training"),
     pytest.param(_no_class_folders, 2, ["class folders"], id="images_dir_without_classes"),
     pytest.param(["--image_size=32,32"], 2, ["--image_size"], id="image_size_on_synthetic"),
+    # Evaluation jobs (tests/test_eval_mode.py runs them for real).
+    pytest.param(["--mode=predict"], 1, ["mode"], id="mode_unknown"),
+    pytest.param(["--mode=eval"], 2, ["is not a training run", "config.json"], id="eval_model_dir_missing"),
+    pytest.param(_not_a_run, 2, ["is not a training run"], id="eval_model_dir_not_a_run"),
+    pytest.param(_run_of_another_model, 2, ["other flags", "--model='mlp' (the run has 'cnn')"],
+                 id="eval_flags_differ_from_the_run"),
+    pytest.param(["--mode=continuous_eval", "--eval_timeout=1"], 2, ["no config.json after 1 s"],
+                 id="continuous_eval_times_out_before_training"),
+    pytest.param(["--eval_timeout=0"], 1, ["eval_timeout"], id="eval_timeout_zero"),
+    pytest.param(["--checkpoint=/x/ckpt-3"], 2, ["--checkpoint", "--mode=eval"], id="checkpoint_without_eval_mode"),
+    pytest.param(["--evaluator"], 2, ["--evaluator", "--num_workers"], id="evaluator_without_launcher"),
+    pytest.param(["--mode=eval", "--strategy=multi_worker_mirrored"], 2, ["--mode=eval", "one process"],
+                 id="eval_mode_multi_worker"),
+    pytest.param(["--best_metric=top5"], 1, ["best_metric"], id="best_metric_without_direction"),
+    pytest.param(["--best_metric=+top5"], 2, ["--best_metric=+top5", "no 'top5'"], id="best_metric_unknown"),
+    pytest.param(["--eval_every=-2"], 1, ["eval_every"], id="eval_every_below_minus_one"),
 ]
 
 

@@ -27,6 +27,8 @@ BAD = [
     (json.dumps({**GOOD, "cluster": {"worker": ["127.0.0.1:2001", "host:99999"]}}), "is not a \"host:port\""),
     (json.dumps({**GOOD, "cluster": {"worker": []}}), "non-empty list"),
     (json.dumps({**GOOD, "cluster": {"worker": ["a:1"], "ps": ["b:2"]}}), "unsupported task type"),
+    (json.dumps({**GOOD, "cluster": {"worker": ["a:1"], "evaluator": ["b:2", "c:3"]}}), "2 evaluator tasks"),
+    (json.dumps({"cluster": {"evaluator": ["b:2"]}, "task": {"type": "evaluator", "index": 0}}), "no 'worker' or 'chief'"),
 ]
 
 
@@ -36,6 +38,16 @@ def test_good_config():
     with_chief = parse_tf_config(json.dumps({"cluster": {"chief": ["a:1"], "worker": ["b:2"]},
                                              "task": {"type": "chief", "index": 0}}))
     assert with_chief.is_chief and [w[0] for w in with_chief.workers] == ["chief", "worker"]
+
+
+def test_evaluator_task_is_not_a_worker():
+    """The sidecar evaluator is in TF_CONFIG but not in the collective group, and never the chief."""
+    cluster = {"worker": ["a:1", "b:2"], "evaluator": ["c:3"]}
+    evaluator = parse_tf_config(json.dumps({"cluster": cluster, "task": {"type": "evaluator", "index": 0}}))
+    assert evaluator.is_evaluator and not evaluator.is_chief and evaluator.has_evaluator
+    assert [w[2] for w in evaluator.workers] == ["a:1", "b:2"] and evaluator.num_workers == 2
+    chief = parse_tf_config(json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}}))
+    assert chief.is_chief and chief.has_evaluator and not chief.is_evaluator
 
 
 @pytest.mark.parametrize("raw, message", BAD, ids=[m for _, m in BAD])

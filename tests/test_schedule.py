@@ -39,3 +39,11 @@ def test_loops_also_stop_at_histogram_steps_and_marks():
     schedule = Schedule(total_steps=20, steps_per_epoch=20, steps_per_loop=8, histogram_every=6, marks=(3, 13))
     assert _loops(schedule) == [3, 6, 12, 13, 18, 20]
     assert [s for s in range(21) if schedule.histogram_due(s)] == [0, 6, 12, 18]
+
+
+def test_eval_every_minus_one_never_evaluates_nor_cuts_loops():
+    """--eval_every=-1 (a sidecar evaluates): no eval step, not even the last; loops end only at
+    checkpoints and the end."""
+    schedule = Schedule(total_steps=30, steps_per_epoch=10, steps_per_loop=7, eval_every=-1, checkpoint_every=15)
+    assert not any(schedule.eval_due(s) for s in range(31))
+    assert _loops(schedule) == [7, 14, 15, 22, 29, 30]

@@ -12,7 +12,7 @@ class Schedule:
     total_steps: int
     steps_per_epoch: int
     steps_per_loop: int
-    eval_every: int = 0  # 0: at each epoch end
+    eval_every: int = 0  # 0: at each epoch end; -1: never (a sidecar evaluator or --mode=eval does it)
     checkpoint_every: int = 0  # 0: at each epoch end
     histogram_every: int = 0  # 0: no histograms
     marks: tuple = ()  # further steps a loop must end on (e.g. the profiled range)
@@ -24,7 +24,8 @@ class Schedule:
 
     @property
     def eval_interval(self) -> int:
-        return self.eval_every or self.steps_per_epoch
+        """Steps between evaluations; 0: none in training."""
+        return 0 if self.eval_every < 0 else self.eval_every or self.steps_per_epoch
 
     @property
     def checkpoint_interval(self) -> int:
@@ -43,6 +44,8 @@ class Schedule:
         return limit
 
     def eval_due(self, step: int) -> bool:
+        if not self.eval_interval:
+            return False
         return step % self.eval_interval == 0 or step == self.total_steps
 
     def checkpoint_due(self, step: int) -> bool:

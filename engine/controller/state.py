@@ -68,13 +68,14 @@ class TrainState:
         return self.checkpointer.save(step)
 
 
-def create_state(strategy, task, *, seed: int, model_dir: str, is_chief: bool, keep: int) -> TrainState:
+def create_state(strategy, task, *, seed: int, model_dir: str, is_chief: bool, keep: int,
+                 writable: bool = True) -> TrainState:
     with strategy.scope():
         build_task(strategy, task)
         global_step, epoch, seed_variable = _counter("global_step"), _counter("epoch"), _counter("seed", seed)
     task.global_step, task.seed = global_step, seed
     checkpointer = Checkpointer(
-        model_dir, is_chief, keep,
+        model_dir, is_chief, keep, writable=writable,
         model=task.model, optimizer=task.optimizer, global_step=global_step, epoch=epoch, seed=seed_variable,
         **task.updater.checkpoint_items(),
         # Dropout & co.: a resumed run continues their random streams instead of restarting them.

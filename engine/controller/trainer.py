@@ -15,9 +15,10 @@ import keras
 import tensorflow as tf
 
 from engine import __version__
-from engine.data import pipelines, sources
+from engine.data import pipelines
 from engine.observe import report
-from engine.controller import run_record
+from engine.controller import build, run_record
+from engine.controller.best import BestKeeper
 from engine.distribute import strategy as strategy_lib
 from engine.distribute.agreement import agree
 from engine.distribute.cluster import parse_tf_config
@@ -27,9 +28,7 @@ from engine.observe.monitor import Monitor, parse_profile_steps
 from engine.distribute.preemption import Watch
 from engine.observe.progress import Progress
 from engine.controller.schedule import Schedule
-from engine.controller.state import create_state
 from engine.observe.summaries import create_writers
-from engine.tasks.registry import load_task_class
 from engine.distribute.watchdog import PeerWatchdog, collective_failure
 
 
@@ -84,26 +83,28 @@ def _setup(config, out):
         seed = agree(placement.strategy, config, cluster, seed)
         out.write(f"agreement    all {cluster.num_workers} workers run the same flags "
                   f"(checked in {time.perf_counter() - agreement_start:.3f} s)\n")
-    keras.utils.set_random_seed(seed)
-    _set_op_determinism(config.deterministic)
+    build.seed_everything(seed, config.deterministic)
 
-    task_class = load_task_class(config.task)
-    data = sources.load_for_task(config, task_class)
+    task_class, data, steps_per_epoch = build.load_data(config)
     classes_changed = run_record.check_class_names(config, data.spec.class_names)
-    steps_per_epoch = pipelines.steps_per_epoch(data, config.global_batch)
+    best = BestKeeper(config.model_dir, config.best_metric, metric_names=tuple(task_class.eval_metrics),
+                      is_chief=placement.is_chief) if config.best_metric else None
+    eval_every = config.eval_every
+    if cluster is not None and cluster.has_evaluator and eval_every >= 0:
+        eval_every = -1  # the sidecar evaluates each checkpoint; never both
+        out.write("evaluator    TF_CONFIG lists an evaluator task: it evaluates the checkpoints, "
+                  "training does not\n")
     schedule = Schedule(
         total_steps=config.train_steps or config.epochs * steps_per_epoch,
         steps_per_epoch=steps_per_epoch,
         steps_per_loop=config.steps_per_loop,
-        eval_every=config.eval_every,
+        eval_every=eval_every,
         checkpoint_every=config.checkpoint_every,
         histogram_every=config.histogram_every,
         marks=parse_profile_steps(config.profile_steps) or (),
     )
-    task = task_class(config, spec=data.spec)
-    task.total_steps = schedule.total_steps
-    state = create_state(placement.strategy, task, seed=seed, model_dir=config.model_dir,
-                         is_chief=placement.is_chief, keep=config.keep_checkpoints)
+    task, state = build.build_task_state(config, placement, task_class, data, seed=seed,
+                                         total_steps=schedule.total_steps)
     checkpoint_path = state.restore()
     start_step = state.step
     report.banner(config, placement, data, per_replica, schedule, task.seed, task.model, start_step, out)
@@ -113,7 +114,8 @@ def _setup(config, out):
     if placement.is_chief and (start_step == 0 or config_changes or classes_changed):
         run_record.write(config, run_facts)
     return _Run(config=config, out=out, started=started, placement=placement, data=data, schedule=schedule,
-                task=task, state=state, run_facts=run_facts, start_step=start_step, checkpoint_path=checkpoint_path)
+                task=task, state=state, run_facts=run_facts, start_step=start_step, checkpoint_path=checkpoint_path,
+                best=best)
 
 
 def _train(config, out) -> RunResult:
@@ -134,6 +136,7 @@ class _Run:
     run_facts: dict
     start_step: int
     checkpoint_path: str | None
+    best: BestKeeper | None = None  # --best_metric: keeps model_dir/best/ after each evaluation
 
     def __post_init__(self):
         config, strategy, task = self.config, self.placement.strategy, self.task
@@ -156,17 +159,16 @@ class _Run:
                                  stream=self.out, enabled=self.placement.is_chief)
 
     def evaluate(self):
-        result = self.eval_loop(self.eval_data)
-        metrics, examples = ratios(result["totals"]), int(result["examples"].numpy())
+        metrics, line = build.evaluate_split(self.eval_loop, self.eval_data, self.data.num_test, self.step)
         self.writers["eval"].write_scalars(self.step, metrics)
         self.monitor.after_eval(self.step)
         self.writers["eval"].flush()
-        seen = f"{examples} examples" if examples == self.data.num_test else (
-            f"{examples} examples evaluated, but the test split has {self.data.num_test}: its pipeline "
-            "missed or repeated some")
-        self.progress.message(
-            f"eval   step {self.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + f"  ({seen})")
+        self.progress.message(line)
         self.eval_metrics = metrics
+        if self.best is not None:  # every worker: its checkpoint write may run collectives
+            kept = self.best.update(self.step, metrics, self.state.checkpointer.checkpoint, self.task.model)
+            if kept:
+                self.progress.message(kept)
 
     def save(self):
         path = self.state.save(self.step, self.schedule.epoch(self.step))
@@ -190,7 +192,7 @@ class _Run:
                     if self.step > self.start_step and watch.stop_requested():  # at a loop boundary, everywhere
                         self._stop_for(watch.signal_name)
                     self.run_loop(iterator)
-            if not self.eval_metrics:
+            if not self.eval_metrics and self.schedule.eval_every >= 0:
                 self.evaluate()
             if peers:
                 peers.stop()  # the last collective is done; a worker that exits now is not lost
@@ -205,6 +207,8 @@ class _Run:
             for writer in self.writers.values():
                 writer.close()
             self.state.checkpointer.close()
+            if self.best is not None:
+                self.best.close()
         return self._result(export_path)
 
     def _stop_for(self, signal_name):
@@ -288,18 +292,6 @@ def _first_cause(err) -> str:
     lines = [line.strip() for line in str(err.message).splitlines()]
     causes = [line for line in lines if line and not line.startswith(noise)]
     return (causes[0] if causes else lines[0])[:300]
-
-
-def _set_op_determinism(on: bool) -> None:
-    """As the flag says, for this run: the switch is process-wide, and a previous in-process run
-    (a test, a notebook) may have turned it on. TensorFlow has no public switch-off."""
-    if on:
-        tf.config.experimental.enable_op_determinism()
-        return
-    from tensorflow.python.framework import config as tf_config
-
-    if getattr(tf_config, "is_op_determinism_enabled", lambda: False)():
-        tf_config.disable_op_determinism()
 
 
 def _scalar(value) -> float:

@@ -12,7 +12,8 @@ import re
 
 from engine.errors import UserError
 
-TASK_TYPES = ("chief", "worker")
+TASK_TYPES = ("chief", "worker")  # the training tasks: members of the collective group
+EVALUATOR = "evaluator"  # a sidecar that evaluates checkpoints; never part of the collectives
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 
 
@@ -34,7 +35,18 @@ class Cluster:
         return len(self.workers)
 
     @property
+    def is_evaluator(self) -> bool:
+        return self.task_type == EVALUATOR
+
+    @property
+    def has_evaluator(self) -> bool:
+        """A sidecar evaluates the checkpoints: the workers then skip in-training evaluation."""
+        return EVALUATOR in self.jobs
+
+    @property
     def is_chief(self) -> bool:
+        if self.is_evaluator:
+            return False
         if "chief" in self.jobs:
             return self.task_type == "chief"
         return self.task_type == "worker" and self.task_index == 0
@@ -70,8 +82,9 @@ def parse_tf_config(raw: str | None) -> Cluster:
     if not isinstance(task, dict) or "type" not in task or "index" not in task:
         raise UserError(f"TF_CONFIG 'task' must be {{\"type\": ..., \"index\": ...}}, got {json.dumps(task)}")
     task_type, index = task["type"], task["index"]
-    if task_type not in TASK_TYPES:
-        raise UserError(f"TF_CONFIG task type {task_type!r} is not supported; valid: {', '.join(TASK_TYPES)}")
+    if task_type not in (*TASK_TYPES, EVALUATOR):
+        raise UserError(f"TF_CONFIG task type {task_type!r} is not supported; valid: "
+                        f"{', '.join((*TASK_TYPES, EVALUATOR))}")
     if isinstance(index, bool) or not isinstance(index, int):
         raise UserError(f"TF_CONFIG task index must be an integer, got {json.dumps(index)}")
     if task_type not in jobs:
@@ -90,13 +103,15 @@ def parse_tf_config(raw: str | None) -> Cluster:
 def _check_cluster(cluster) -> dict:
     if not isinstance(cluster, dict) or not cluster:
         raise UserError(f"TF_CONFIG 'cluster' must be a non-empty object of task type -> addresses, got {json.dumps(cluster)}")
-    unknown = sorted(set(cluster) - set(TASK_TYPES) - {"evaluator"})
+    unknown = sorted(set(cluster) - {*TASK_TYPES, EVALUATOR})
     if unknown:
-        raise UserError(f"TF_CONFIG cluster has unsupported task type(s) {unknown}; valid: {', '.join(TASK_TYPES)}")
-    if len(cluster.get("chief", [])) > 1:
-        raise UserError(f"TF_CONFIG cluster has {len(cluster['chief'])} chiefs; at most one is allowed")
+        raise UserError(f"TF_CONFIG cluster has unsupported task type(s) {unknown}; valid: "
+                        f"{', '.join((*TASK_TYPES, EVALUATOR))}")
+    for single in ("chief", EVALUATOR):
+        if isinstance(cluster.get(single), list) and len(cluster[single]) > 1:
+            raise UserError(f"TF_CONFIG cluster has {len(cluster[single])} {single} tasks; at most one is allowed")
     jobs, seen = {}, {}
-    for task_type in TASK_TYPES:
+    for task_type in (*TASK_TYPES, EVALUATOR):
         if task_type not in cluster:
             continue
         addresses = cluster[task_type]
@@ -110,6 +125,6 @@ def _check_cluster(cluster) -> dict:
                 raise UserError(f"TF_CONFIG address {address} appears twice ({seen[address]} and {task_type}[{i}])")
             seen[address] = f"{task_type}[{i}]"
         jobs[task_type] = list(addresses)
-    if not jobs:
+    if not set(jobs) & set(TASK_TYPES):
         raise UserError("TF_CONFIG cluster lists no 'worker' or 'chief' addresses")
     return jobs

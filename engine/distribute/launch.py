@@ -5,6 +5,12 @@ Each worker gets free ports and its own consistent TF_CONFIG; output lines are p
 "[worker i]"; the first worker to fail stops the others; Ctrl-C or SIGTERM is passed on to every
 worker (they save a checkpoint and exit 3, see engine/distribute/preemption.py); the exit code is the first
 non-zero one. No TensorFlow is imported here.
+
+With `evaluator=True` (`--evaluator`) one more process gets TF_CONFIG task type `evaluator` (its
+output prefixed "[evaluator]"): it evaluates each checkpoint beside the workers and is no member
+of their collectives, so its failure stops nobody; the launcher waits for it after the workers
+finish (it stops at the run's last step). The exit code is the first failed worker's, else the
+evaluator's.
 """
 
 from __future__ import annotations
@@ -34,16 +40,21 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list:
             s.close()
 
 
-def worker_tf_configs(num_workers: int, host: str = "127.0.0.1") -> list:
-    cluster = {"worker": [f"{host}:{port}" for port in free_ports(num_workers, host)]}
-    return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}) for i in range(num_workers)]
+def worker_tf_configs(num_workers: int, host: str = "127.0.0.1", evaluator: bool = False) -> list:
+    """One TF_CONFIG per worker, then (evaluator=True) one for the evaluator task."""
+    ports = free_ports(num_workers + evaluator, host)
+    cluster = {"worker": [f"{host}:{port}" for port in ports[:num_workers]]}
+    if evaluator:
+        cluster["evaluator"] = [f"{host}:{ports[-1]}"]
+    tasks = [("worker", i) for i in range(num_workers)] + ([("evaluator", 0)] if evaluator else [])
+    return [json.dumps({"cluster": cluster, "task": {"type": t, "index": i}}) for t, i in tasks]
 
 
-def _relay(index: int, process, lock: threading.Lock, out, exits: queue.Queue) -> None:
-    """Copies a worker's output, prefixed; then reports its exit, so exits arrive in order."""
+def _relay(index: int, name: str, process, lock: threading.Lock, out, exits: queue.Queue) -> None:
+    """Copies a process's output, prefixed; then reports its exit, so exits arrive in order."""
     for line in process.stdout:
         with lock:
-            out.write(f"[worker {index}] {line}")
+            out.write(f"[{name}] {line}")
             out.flush()
     exits.put((index, process.wait()))
 
@@ -68,30 +79,38 @@ def _stop(processes, sig=signal.SIGTERM, grace: float = GRACE_SECONDS) -> None:
             process.kill()
 
 
-def launch(num_workers: int, args: list, script: str, out=None) -> int:
-    """Runs `python script args...` as `num_workers` workers; returns the first non-zero exit
-    code (0 when all succeed)."""
+def launch(num_workers: int, args: list, script: str, out=None, evaluator: bool = False) -> int:
+    """Runs `python script args...` as `num_workers` workers (and an evaluator); returns the first
+    non-zero exit code of a worker, else the evaluator's (0 when all succeed)."""
     out = out or sys.stdout
     lock = threading.Lock()
     exits = queue.Queue()
     processes, relays = [], []
-    out.write(f"launching {num_workers} local workers on 127.0.0.1\n")
-    for index, tf_config in enumerate(worker_tf_configs(num_workers)):
+    out.write(f"launching {num_workers} local workers" + (" and an evaluator" if evaluator else "")
+              + " on 127.0.0.1\n")
+    for index, tf_config in enumerate(worker_tf_configs(num_workers, evaluator=evaluator)):
+        name = f"worker {index}" if index < num_workers else "evaluator"
         env = dict(os.environ, TF_CONFIG=tf_config, PYTHONUNBUFFERED="1")
         process = subprocess.Popen(
             [sys.executable, script, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, bufsize=1,
         )
         processes.append(process)
-        relay = threading.Thread(target=_relay, args=(index, process, lock, out, exits), daemon=True)
+        relay = threading.Thread(target=_relay, args=(index, name, process, lock, out, exits), daemon=True)
         relay.start()
         relays.append(relay)
-    exit_code, running = 0, len(processes)
+    exit_code, evaluator_code, running = 0, 0, len(processes)
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         while running:
             index, code = exits.get()
             running -= 1
+            if index == num_workers:  # the evaluator: nobody waits for it or fails with it
+                evaluator_code = code
+                if code != 0:
+                    with lock:
+                        out.write(f"launcher: the evaluator exited with code {code}; the workers go on\n")
+                continue
             if code != 0:
                 exit_code = code
                 with lock:
@@ -108,4 +127,4 @@ def launch(num_workers: int, args: list, script: str, out=None) -> int:
         signal.signal(signal.SIGTERM, previous)
     for relay in relays:
         relay.join(timeout=5)
-    return exit_code
+    return exit_code or evaluator_code

@@ -28,7 +28,7 @@ def banner(config, placement, data, per_replica, schedule, seed, model, start_st
         f"input {config.input_mode}",
         f"schedule     {schedule.total_steps} steps ({schedule.total_steps / schedule.steps_per_epoch:.2f} "
         f"epochs of {schedule.steps_per_epoch}), {schedule.steps_per_loop} steps per compiled loop, "
-        f"eval every {schedule.eval_interval}, checkpoint every {schedule.checkpoint_interval}",
+        f"eval every {schedule.eval_interval or 'never (not in training)'}, checkpoint every {schedule.checkpoint_interval}",
         f"seed         {seed}" + (
             " (the resumed run's)" if start_step
             else "" if config.seed is not None else f" (random; --seed={seed} repeats it)"),
@@ -51,11 +51,12 @@ def config_markdown(config, run_facts: dict) -> str:
 
 
 def summary(result, out) -> None:
-    shown = "  ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items())
+    shown = "test " + "  ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items()) if result.eval_metrics \
+        else "training (not evaluated here: an evaluator job or --mode=eval evaluates its checkpoints)"
     logdir = os.path.abspath(result.model_dir)
     lines = [
         "",
-        f"done   test {shown}",
+        f"done   {shown}",
         f"       wall time {format_duration(result.wall_seconds)}, steps {result.start_step} -> "
         f"{result.final_step}, {result.train_examples_per_sec:,.0f} train examples/s "
         f"(first loop, with tracing, finished {result.seconds_to_first_loop:.1f} s after start)",
