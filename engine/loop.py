@@ -21,7 +21,7 @@ import warnings
 
 import tensorflow as tf
 
-from engine import update
+from engine import combinations, update
 from engine.errors import UserError
 
 # Iterating a distributed dataset inside tf.function makes tf.data warn about options it cannot
@@ -70,6 +70,10 @@ class _TrainStep:
         # structure (which gradients exist, their variables) is the same on all of them.
         self._handed = None
         self._compute = tf.function(self._compute_fn, jit_compile=True) if jit_compile else self._compute_fn
+        # A layer that all-reduces inside its call (synchronised batch norm) needs a merge_call,
+        # which TensorFlow refuses inside a while_loop's body: such models run their micro-batches
+        # unrolled in Python, each normalised by the statistics of that micro-batch on every replica.
+        self.unrolled = bool(combinations.cross_replica_layers(task.model))
 
     def _compute_fn(self, batch):
         """The Task's step on one micro-batch -> (metrics, gradients handed over or [])."""
@@ -83,13 +87,19 @@ class _TrainStep:
         k = self.accum_steps
         split = tf.nest.map_structure(
             lambda t: tf.reshape(t, tf.concat([[k, tf.shape(t)[0] // k], tf.shape(t)[1:]], 0)), batch)
-        outputs, gradients = self._compute(tf.nest.map_structure(lambda t: t[0], split))
 
-        def body(i, outputs, gradients):
+        def add_micro_batch(i, outputs, gradients):
             more, grads = self._compute(tf.nest.map_structure(lambda t: t[i], split))
-            return i + 1, _add(outputs, more), [a + b for a, b in zip(gradients, grads)]
+            return _add(outputs, more), [a + b for a, b in zip(gradients, grads)]
 
-        _, outputs, gradients = tf.while_loop(lambda i, *_: i < k, body, (tf.constant(1), outputs, gradients))
+        outputs, gradients = self._compute(tf.nest.map_structure(lambda t: t[0], split))
+        if self.unrolled:  # K is static: one copy of the step per micro-batch, no while_loop
+            for i in range(1, k):
+                outputs, gradients = add_micro_batch(i, outputs, gradients)
+            return outputs, gradients
+        _, outputs, gradients = tf.while_loop(
+            lambda i, *_: i < k, lambda i, *acc: (i + 1, *add_micro_batch(i, *acc)),
+            (tf.constant(1), outputs, gradients))
         return outputs, gradients
 
     def __call__(self, batch):
