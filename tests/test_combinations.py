@@ -86,6 +86,8 @@ def _args(row: dict) -> list:
 
 
 ROWS = covering_rows()
+# Beyond pairs: the triple issue 16 reported (it crashed in the batch norm's all-reduce).
+TRAINED_ROWS = ROWS + [dict(ROWS[0], strategy="mirrored2", model="cnn_bn", accum="accum2")]
 REFUSED_ROWS = [dict(ROWS[0], strategy=s, model="cnn_bn", xla="jit") for s in ("mirrored1", "mirrored2")]
 
 
@@ -101,7 +103,7 @@ def _run(row, tmp_path):
     return run_cli(*SHORT_RUN, *_args(row), f"--model_dir={tmp_path / 'run'}", timeout=300)
 
 
-@pytest.mark.parametrize("row", ROWS, ids=["-".join(row.values()) for row in ROWS])
+@pytest.mark.parametrize("row", TRAINED_ROWS, ids=["-".join(row.values()) for row in TRAINED_ROWS])
 def test_pairwise_combination_trains(row, tmp_path):
     proc = _run(row, tmp_path)
     assert proc.returncode == 0, explain(proc)
