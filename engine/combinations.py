@@ -22,6 +22,8 @@ def cross_replica_layers(model) -> list[str]:
 
 
 def _xla_with_cross_replica_layers(config, model, layers):
+    """--jit_compile + synchronised batch norm under a mirrored strategy: TensorFlow refuses the
+    layer's merge_call inside the nested XLA-compiled function (one replica or many)."""
     if config.jit_compile and layers and config.strategy in _MERGE_CALL_STRATEGIES:
         return (f"--jit_compile with --strategy={config.strategy}: model {model.name!r} has synchronised batch "
                 f"norm ({', '.join(layers)}), whose all-reduce TensorFlow cannot run inside the XLA-compiled "
@@ -29,17 +31,15 @@ def _xla_with_cross_replica_layers(config, model, layers):
     return None
 
 
-# (what is refused, the rule returning the error message or None). Append a rule to refuse more.
-REFUSED = (
-    ("--jit_compile + a model with synchronised batch norm (--model=cnn_bn) under a mirrored strategy",
-     _xla_with_cross_replica_layers),
-)
+# Rules (config, model, its cross-replica layers) -> the error message, or None when allowed.
+# Append one to refuse another combination (and list it in the README table).
+REFUSED = (_xla_with_cross_replica_layers,)
 
 
 def check(config, model) -> None:
     """Raises UserError for the first refused combination of `config` with `model`."""
     layers = cross_replica_layers(model)
-    for _, rule in REFUSED:
+    for rule in REFUSED:
         message = rule(config, model, layers)
         if message:
             raise UserError(message)

@@ -6,7 +6,9 @@ loop of any length reuses one trace (no retracing between the loops of a run).
 
 One training step, on each replica: the Task's train_step runs on each of the --grad_accum_steps
 micro-batches of the replica's share of the global batch (their gradients, handed over with
-Task.apply_gradients, are summed), then engine/update.py applies them once (one all-reduce).
+Task.apply_gradients, are summed), then engine/update.py applies them once (one all-reduce). The
+micro-batches run in a tf.while_loop, or unrolled when the model has layers that all-reduce in
+their call (synchronised batch norm), since such a layer cannot merge_call inside a loop body.
 
 A step is bad when a reduced metric total is not finite (a NaN/Inf loss on any replica) or when
 the summed gradients are (and loss scaling does not explain it). Both are the same value on every
