@@ -6,7 +6,9 @@ loop of any length reuses one trace (no retracing between the loops of a run).
 
 One training step, on each replica: the Task's train_step runs on each of the --grad_accum_steps
 micro-batches of the replica's share of the global batch (their gradients, handed over with
-Task.apply_gradients, are summed), then engine/update.py applies them once (one all-reduce).
+Task.apply_gradients, are summed), then engine/update.py applies them once (one all-reduce). The
+micro-batches run in a tf.while_loop, or unrolled when the model has layers that all-reduce in
+their call (synchronised batch norm), since such a layer cannot merge_call inside a loop body.
 
 A step is bad when a reduced metric total is not finite (a NaN/Inf loss on any replica) or when
 the summed gradients are (and loss scaling does not explain it). Both are the same value on every
@@ -21,7 +23,7 @@ import warnings
 
 import tensorflow as tf
 
-from engine import update
+from engine import combinations, update
 from engine.errors import UserError
 
 # Iterating a distributed dataset inside tf.function makes tf.data warn about options it cannot
@@ -70,6 +72,10 @@ class _TrainStep:
         # structure (which gradients exist, their variables) is the same on all of them.
         self._handed = None
         self._compute = tf.function(self._compute_fn, jit_compile=True) if jit_compile else self._compute_fn
+        # A layer that all-reduces inside its call (synchronised batch norm) needs a merge_call,
+        # which TensorFlow refuses inside a while_loop's body: such models run their micro-batches
+        # unrolled in Python, each normalised by the statistics of that micro-batch on every replica.
+        self.unrolled = bool(combinations.cross_replica_layers(task.model))
 
     def _compute_fn(self, batch):
         """The Task's step on one micro-batch -> (metrics, gradients handed over or [])."""
@@ -83,13 +89,19 @@ class _TrainStep:
         k = self.accum_steps
         split = tf.nest.map_structure(
             lambda t: tf.reshape(t, tf.concat([[k, tf.shape(t)[0] // k], tf.shape(t)[1:]], 0)), batch)
-        outputs, gradients = self._compute(tf.nest.map_structure(lambda t: t[0], split))
 
-        def body(i, outputs, gradients):
+        def add_micro_batch(i, outputs, gradients):
             more, grads = self._compute(tf.nest.map_structure(lambda t: t[i], split))
-            return i + 1, _add(outputs, more), [a + b for a, b in zip(gradients, grads)]
+            return _add(outputs, more), [a + b for a, b in zip(gradients, grads)]
 
-        _, outputs, gradients = tf.while_loop(lambda i, *_: i < k, body, (tf.constant(1), outputs, gradients))
+        outputs, gradients = self._compute(tf.nest.map_structure(lambda t: t[0], split))
+        if self.unrolled:  # K is static: one copy of the step per micro-batch, no while_loop
+            for i in range(1, k):
+                outputs, gradients = add_micro_batch(i, outputs, gradients)
+            return outputs, gradients
+        _, outputs, gradients = tf.while_loop(
+            lambda i, *_: i < k, lambda i, *acc: (i + 1, *add_micro_batch(i, *acc)),
+            (tf.constant(1), outputs, gradients))
         return outputs, gradients
 
     def __call__(self, batch):

@@ -235,7 +235,8 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "deterministic", False, "Deterministic TensorFlow ops (slower); with --seed, runs repeat bitwise "
         "on one replica.", **f)
     absl_flags.DEFINE_boolean(
-        "jit_compile", False, "Compile the step with XLA. Off by default: about 3x slower for the CNN on CPU.", **f)
+        "jit_compile", False, "Compile the step with XLA. Off by default: about 3x slower for the CNN on CPU. "
+        "Refused with synchronised batch norm (cnn_bn) under mirrored strategies.", **f)
 
 
 def _valid_best_metric(text: str) -> bool:

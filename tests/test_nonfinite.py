@@ -40,7 +40,10 @@ def test_stop_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, task):
 
 @pytest.mark.parametrize("task, strategy", [("NanGradientTask", TWO_REPLICAS),
                                             ("NanLossTask", dict(strategy="default", deterministic=True)),
-                                            ("NanInputTask", dict(model="cnn_bn", **TWO_REPLICAS))])
+                                            ("NanInputTask", dict(model="cnn_bn", **TWO_REPLICAS)),
+                                            # unrolled micro-batches each move the statistics
+                                            ("NanInputTask", dict(model="cnn_bn", grad_accum_steps=2,
+                                                                  **TWO_REPLICAS))])
 def test_skip_leaves_weights_and_optimizer_untouched(tmp_path, task, strategy):
     quiet = open(os.devnull, "w")
     # The poisoned step is the last one, so skipping it must leave the state of a clean 5-step run.

@@ -13,6 +13,7 @@ import dataclasses
 import keras
 import tensorflow as tf
 
+from engine import combinations
 from engine.distribute import strategy as strategy_lib
 from engine.controller.checkpoints import Checkpointer
 from engine.optimizers import constant_rate
@@ -24,6 +25,7 @@ def build_task(strategy, task) -> None:
     """Inside strategy.scope(): the Task's model, its optimizer (built) and the engine's updater,
     every variable checked to be in the scope."""
     task.model = task.build_model()
+    combinations.check(task.config, task.model)  # refused flag combinations, before any trace
     per_replica_randomness(task.model)  # Dropout & co. draw differently on each replica
     strategy_lib.check_variables_in_scope(strategy, task.model.variables)
     task.optimizer = task.build_optimizer()

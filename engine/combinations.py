@@ -1,0 +1,45 @@
+"""Flag combinations the engine refuses, and the model property they depend on.
+
+Every combination of flags trains, except those listed in REFUSED (README: "Combinations that are
+refused, and why"). `check` is called once the Task's model exists (its layers decide) and before
+anything is traced or trained; it raises one UserError naming the flags and what to use instead.
+"""
+
+from __future__ import annotations
+
+from engine.errors import UserError
+
+# Strategies whose replica-context all-reduce is a merge_call, which TensorFlow refuses inside a
+# nested tf.function (the XLA-compiled step).
+_MERGE_CALL_STRATEGIES = ("mirrored", "multi_worker_mirrored")
+
+
+def cross_replica_layers(model) -> list[str]:
+    """Names of the layers that all-reduce across replicas inside their call (Keras batch norm with
+    synchronized=True): the engine runs such a model's micro-batches unrolled, not in a while_loop."""
+    return [layer.name for layer in model._flatten_layers(include_self=False, recursive=True)
+            if getattr(layer, "synchronized", False)]
+
+
+def _xla_with_cross_replica_layers(config, model, layers):
+    """--jit_compile + synchronised batch norm under a mirrored strategy: TensorFlow refuses the
+    layer's merge_call inside the nested XLA-compiled function (one replica or many)."""
+    if config.jit_compile and layers and config.strategy in _MERGE_CALL_STRATEGIES:
+        return (f"--jit_compile with --strategy={config.strategy}: model {model.name!r} has synchronised batch "
+                f"norm ({', '.join(layers)}), whose all-reduce TensorFlow cannot run inside the XLA-compiled "
+                "step; drop --jit_compile, or train on one device (--strategy=default)")
+    return None
+
+
+# Rules (config, model, its cross-replica layers) -> the error message, or None when allowed.
+# Append one to refuse another combination (and list it in the README table).
+REFUSED = (_xla_with_cross_replica_layers,)
+
+
+def check(config, model) -> None:
+    """Raises UserError for the first refused combination of `config` with `model`."""
+    layers = cross_replica_layers(model)
+    for rule in REFUSED:
+        message = rule(config, model, layers)
+        if message:
+            raise UserError(message)
