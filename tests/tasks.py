@@ -5,6 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from engine.tasks.label_smoothing import LabelSmoothingTask
+from engine.tasks.language_model import LanguageModelTask
 from engine.losses import per_replica_mean_loss
 from engine.models.classifiers import cnn_bn
 from engine.task import Task, classification_metrics
@@ -215,3 +216,14 @@ class IdCountingTask(Task):
         ids, count = self.example_ids(x), tf.cast(tf.shape(x)[0], tf.float32)
         return {"mean_id": (tf.reduce_sum(ids), count),
                 "mean_sq": (tf.reduce_sum(tf.square(ids - self.ID_CENTRE)), count)}
+
+
+class LocalTokenMeanTask(LanguageModelTask):
+    """The per-token trap: each replica divides by its OWN real-token count (times the replica
+    count, so it is right whenever every replica holds as many real tokens): a replica of mostly
+    padding then weighs as much as a full one."""
+
+    def normaliser(self, labels):
+        context = tf.distribute.get_replica_context()
+        local = tf.reduce_sum(tf.cast(labels >= 0, tf.float32))
+        return tf.maximum(local, 1.0) * context.num_replicas_in_sync * self.config.grad_accum_steps

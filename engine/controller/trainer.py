@@ -154,6 +154,7 @@ class _Run:
     def evaluate(self):
         result = self.eval_loop(self.eval_data)
         metrics, examples = ratios(result["totals"]), int(result["examples"].numpy())
+        metrics.update(self.task.derived_metrics(metrics))
         self.writers["eval"].write_scalars(self.step, metrics)
         self.monitor.after_eval(self.step)
         self.writers["eval"].flush()
@@ -228,6 +229,7 @@ class _Run:
                 + (f" ({self.checkpoint_path})" if self.checkpoint_path else "")
                 + "; lower --learning_rate, check the data, or use --on_nonfinite=skip")
         self.train_metrics = ratios(result["totals"])
+        self.train_metrics.update(task.derived_metrics(self.train_metrics))
         if math.isnan(self.train_metrics.get("grad_norm", 0.0)):
             del self.train_metrics["grad_norm"]  # nan: the Task applied no gradients via apply_gradients
         self.skipped_steps += bad
