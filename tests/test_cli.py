@@ -203,6 +203,14 @@ def _corrupt_tfrecord(tmp):
 
 
 # args (a list, or a function of tmp_path giving one), exit code, keywords in the last line
+def _text(name, content):
+    def case(tmp):
+        (tmp / name).write_text(content)
+        return [f"--dataset=text:{tmp / name}", "--task=language_model"]
+
+    return case
+
+
 BAD_INPUTS = [
     pytest.param(["--strategy=nope"], 1, ["strategy"], id="unknown_strategy"),
     pytest.param(["--global_batch=0"], 1, ["global_batch"], id="global_batch_zero"),
@@ -267,6 +275,14 @@ BAD_INPUTS = [
                  ["classifies", "float32"], id="float_targets_with_classification"),
     pytest.param(["--dataset=parquet:x"], 2, ["--dataset", "npz:PATH"], id="dataset_kind_unknown"),
     pytest.param(["--synthetic_shape=28,x"], 2, ["--synthetic_shape"], id="synthetic_shape_bad"),
+    # --dataset=text:PATH and --task=language_model (tests/test_language_model.py).
+    pytest.param(lambda tmp: [f"--dataset=text:{tmp}/no_such.txt", "--task=language_model"], 2,
+                 ["no_such.txt", "no such file"], id="text_file_missing"),
+    pytest.param(_text("empty.txt", ""), 2, ["empty.txt", "empty"], id="text_file_empty"),
+    pytest.param(lambda tmp: _text("short.txt", "a short text. " * 10)(tmp) + ["--seq_len=200"], 2,
+                 ["140 bytes", "--seq_len=200", "too large"], id="text_seq_len_too_large"),
+    pytest.param(["--seq_len=0"], 1, ["seq_len"], id="seq_len_zero"),
+    pytest.param(["--task=language_model"], 2, ["token sequences", "text:PATH"], id="language_model_on_images"),
 ]
 
 
