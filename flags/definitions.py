@@ -179,7 +179,7 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
     absl_flags.DEFINE_boolean(
         "allow_config_change", False,
         "Resume a --model_dir even though --model, --dataset, --global_batch, --task, --optimizer, "
-        "--lr_schedule, --precision, --image_size, --validation_split or the data's class names differ "
+        "--lr_schedule, --precision, --image_size, --validation_split, --seq_len or the data's class names differ "
         "from its config.json (the checkpoint must still match).", **f)
     # TensorBoard extras.
     absl_flags.DEFINE_enum(

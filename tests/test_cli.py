@@ -202,7 +202,6 @@ def _corrupt_tfrecord(tmp):
     return [f"--dataset=tfrecord:{tmp / 'rec'}/train-*", "--model=mlp"]
 
 
-# args (a list, or a function of tmp_path giving one), exit code, keywords in the last line
 def _text(name, content):
     def case(tmp):
         (tmp / name).write_text(content)
@@ -211,6 +210,7 @@ def _text(name, content):
     return case
 
 
+# args (a list, or a function of tmp_path giving one), exit code, keywords in the last line
 BAD_INPUTS = [
     pytest.param(["--strategy=nope"], 1, ["strategy"], id="unknown_strategy"),
     pytest.param(["--global_batch=0"], 1, ["global_batch"], id="global_batch_zero"),
