@@ -2,12 +2,12 @@
 
 PATH is one text file, a directory (its files, not recursive) or a glob. Files are read in sorted
 path order and joined with one newline. In a directory or glob, files that are not UTF-8 text (e.g.
-fortune's binary .dat indexes) and links to a file already read are skipped; a single named file
+fortune's binary .dat indexes) and a second path to a file already read (a link) are skipped; a single named file
 that is not UTF-8 is an error.
 
 Tokens are BYTES: the vocabulary is the 256 byte values (num_classes = 256), with no tokenizer, so a
-multi-byte UTF-8 character is several tokens. The last TEST_FRACTION (10%) of the bytes is the test split, the
-rest the training split (a fixed rule: the same on every worker and resume).
+multi-byte UTF-8 character is several tokens. The last TEST_FRACTION (10%) of the bytes is the
+test split, the rest the training split (a fixed rule: the same on every worker and resume).
 
 Each split is cut into windows of --seq_len + 1 bytes that overlap by one byte (a stride of
 --seq_len): features = the first seq_len bytes, labels = the last seq_len (the next byte of each
