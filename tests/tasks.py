@@ -226,4 +226,4 @@ class LocalTokenMeanTask(LanguageModelTask):
     def normaliser(self, labels):
         context = tf.distribute.get_replica_context()
         local = tf.reduce_sum(tf.cast(labels >= 0, tf.float32))
-        return tf.maximum(local, 1.0) * context.num_replicas_in_sync * self.config.grad_accum_steps
+        return tf.maximum(local, 1.0) * context.num_replicas_in_sync

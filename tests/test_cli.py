@@ -283,6 +283,10 @@ BAD_INPUTS = [
                  ["140 bytes", "--seq_len=200", "too large"], id="text_seq_len_too_large"),
     pytest.param(["--seq_len=0"], 1, ["seq_len"], id="seq_len_zero"),
     pytest.param(["--task=language_model"], 2, ["token sequences", "text:PATH"], id="language_model_on_images"),
+    pytest.param(lambda tmp: _text("t.txt", "some text. " * 200)(tmp) + ["--seq_len=8", "--grad_accum_steps=2"], 2,
+                 ["all-reduces", "--grad_accum_steps=2"], id="language_model_grad_accum"),
+    pytest.param(lambda tmp: _text("t.txt", "some text. " * 200)(tmp) + ["--seq_len=8", "--jit_compile"], 2,
+                 ["all-reduces", "--jit_compile=True"], id="language_model_jit_compile"),
 ]
 
 

@@ -18,8 +18,8 @@ next-byte prediction. What it changes, each the way that stays correct on any nu
     one full of text (tests/tasks.py:LocalTokenMeanTask; tests/test_language_model.py shows it
     breaks "2 replicas == 1"); dividing by a constant (global batch x seq_len) ignores padding
     and shrinks the loss of every batch that holds padding.
-    With --grad_accum_steps=K each micro-batch is divided by its global count x K: the mean of the
-    micro-batches' per-token means (exact when they hold equally many real tokens).
+    TensorFlow cannot run that all-reduce (a merge_call) inside XLA or inside the engine's loop
+    over micro-batches, so the Task refuses --jit_compile and --grad_accum_steps > 1 at start-up.
   * metrics are (total, count) pairs over real tokens: "loss" (per token, nats) and "accuracy"
     (next byte right); "perplexity" = exp(loss) is not a ratio of sums, so it is derived on the host
     from the reduced loss (`derived_metrics`) and shown with the others (console, TensorBoard).
@@ -103,6 +103,12 @@ class LanguageModelTask(Task):
     def __init__(self, config, spec=None, **kwargs):
         super().__init__(config, spec, **kwargs)
         self._next_logits = None
+        for flag, value, allowed in (("jit_compile", config.jit_compile, False),
+                                     ("grad_accum_steps", config.grad_accum_steps, 1)):
+            if value != allowed:
+                raise UserError(
+                    f"--task={config.task} all-reduces its real-token count inside the step, which TensorFlow "
+                    f"cannot do inside XLA or the micro-batch loop: drop --{flag}={value}")
 
     def build_model(self) -> keras.Model:
         features, labels = self.spec.features, self.spec.labels
@@ -128,7 +134,7 @@ class LanguageModelTask(Task):
 
     def normaliser(self, labels):
         """What this replica divides its summed token losses by."""
-        return tf.maximum(self.global_token_count(labels), 1.0) * self.config.grad_accum_steps
+        return tf.maximum(self.global_token_count(labels), 1.0)
 
     def train_step(self, batch):
         tokens, labels = batch
