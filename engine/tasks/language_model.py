@@ -36,7 +36,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from engine.data.text import PAD_LABEL
 from engine.errors import UserError
 from engine.task import Task
 
