@@ -8,7 +8,7 @@ from typing import Optional
 
 # The names the engine accepts, in one place (no TensorFlow import: flags/ uses them for --help).
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored")
-DATASETS = ("mnist", "fashion_mnist", "synthetic")  # built-in names; also npz:PATH, tfrecord:GLOB[,GLOB], images:DIR, tfds:NAME[:CONFIG]
+DATASETS = ("mnist", "fashion_mnist", "synthetic")  # built-in names; also npz:PATH, tfrecord:GLOB[,GLOB], images:DIR, tfds:NAME[:CONFIG], text:PATH
 INPUT_MODES = ("distribute_dataset", "per_worker")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 LR_SCHEDULES = ("constant", "cosine", "warmup_cosine")
@@ -42,6 +42,7 @@ class Config:
     cache: bool = False  # streamed sources: keep the raw records in memory after the first pass.
     image_size: str = ""  # images:DIR: "H,W" pixels to resize every image to; "": the files' own (shared) size.
     validation_split: float = 0.0  # images:DIR without train/ and test/: fraction of each class held out.
+    seq_len: int = 128  # text:PATH: tokens (bytes) per example.
     # Model and task.
     model: str = "cnn"
     task: str = "classification"

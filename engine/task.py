@@ -150,5 +150,18 @@ class Task:
         logits = self.model(images, training=False)
         return classification_metrics(labels, logits, self.per_example_loss(labels, logits))
 
+    # ---- on the host, between compiled loops ----
+    def derived_metrics(self, metrics: dict) -> dict:
+        """Values computed from a loop's or an evaluation's reduced ratios {name: total / count}
+        that are not ratios themselves (e.g. perplexity = exp(loss)); the engine shows them with the
+        others (console, TensorBoard, the run's result). Plain Python on the host. Default: none."""
+        return {}
+
+    def after_eval(self, step: int, writer) -> None:
+        """Called after each evaluation on the chief only (with --summaries=full), with the eval
+        run's SummaryWriter (engine/observe/summaries.py: write_text, write_images, write_scalars).
+        Runs on the host, outside any compiled loop: call self.model directly (its local copy of the
+        weights), never a collective or strategy.run (other workers do not call it). Default: nothing."""
+
 
 ClassificationTask = Task

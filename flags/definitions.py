@@ -94,7 +94,8 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "any shape, in memory); tfrecord:TRAIN_GLOB[,TEST_GLOB] (tf.train.Example shards, streamed); "
         "images:DIR (JPEG/PNG files in class folders DIR/train/<class>/ and DIR/test/<class>/, or "
         "DIR/<class>/ with --validation_split; streamed); tfds:NAME[:CONFIG] (a TensorFlow Datasets builder "
-        "already prepared under --data_dir, streamed; pip install -e \".[tfds]\").", **f)
+        "already prepared under --data_dir, streamed; pip install -e \".[tfds]\"); text:PATH (UTF-8 text: a file, "
+        "a directory or a glob of files, as --seq_len byte tokens and their next bytes; in memory).", **f)
     absl_flags.DEFINE_string(
         "data_dir", None,
         "Directory with local data files: mnist.npz or the 4 IDX files (train-images-idx3-ubyte.gz, "
@@ -132,6 +133,9 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "validation_split", lambda value: 0 <= value < 1,
         message="--validation_split must be a fraction with 0 < F < 1 (0: use DIR/train and DIR/test)",
         flag_values=flag_values)
+    absl_flags.DEFINE_integer(
+        "seq_len", 128, "--dataset=text:PATH: tokens (bytes) per example; each example is seq_len input bytes "
+        "and the seq_len bytes that follow each of them.", lower_bound=1, **f)
     # Model, task, optimizer.
     absl_flags.DEFINE_string("model", "cnn", "Model from the registry in engine/models/registry.py: cnn (the "
                              "Keras MNIST example's CNN), cnn_bn (2 conv blocks, batch norm synchronised "
@@ -213,7 +217,7 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
     absl_flags.DEFINE_boolean(
         "allow_config_change", False,
         "Resume a --model_dir even though --model, --dataset, --global_batch, --task, --optimizer, "
-        "--lr_schedule, --precision, --image_size, --validation_split or the data's class names differ "
+        "--lr_schedule, --precision, --image_size, --validation_split, --seq_len or the data's class names differ "
         "from its config.json (the checkpoint must still match).", **f)
     # TensorBoard extras.
     absl_flags.DEFINE_enum(
@@ -264,7 +268,7 @@ def config_from_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> 
         dataset=v.dataset, data_dir=v.data_dir, synthetic_train_examples=v.synthetic_train_examples,
         synthetic_test_examples=v.synthetic_test_examples, synthetic_shape=v.synthetic_shape,
         num_classes=v.num_classes, shuffle_buffer=v.shuffle_buffer, cache=v.cache, image_size=v.image_size,
-        validation_split=v.validation_split, model=v.model, task=v.task,
+        validation_split=v.validation_split, seq_len=v.seq_len, model=v.model, task=v.task,
         optimizer=v.optimizer, learning_rate=v.learning_rate, lr_schedule=v.lr_schedule,
         warmup_steps=v.warmup_steps, weight_decay=v.weight_decay, clip_norm=v.clip_norm,
         precision=v.precision, grad_accum_steps=v.grad_accum_steps, global_batch=v.global_batch,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from engine.tasks.label_smoothing import LabelSmoothingTask
+from engine.tasks.language_model import LanguageModelTask
 from engine.losses import per_replica_mean_loss
 from engine.models.classifiers import cnn_bn
 from engine.task import Task, classification_metrics
@@ -230,3 +231,14 @@ class SlowTrainingTask(Task):
     def train_step(self, batch):
         with tf.control_dependencies([tf.py_function(_sleep_a_quarter_second, [], tf.int32)]):
             return super().train_step(batch)
+
+
+class LocalTokenMeanTask(LanguageModelTask):
+    """The per-token trap: each replica divides by its OWN real-token count (times the replica
+    count, so it is right whenever every replica holds as many real tokens): a replica of mostly
+    padding then weighs as much as a full one."""
+
+    def normaliser(self, labels):
+        context = tf.distribute.get_replica_context()
+        local = tf.reduce_sum(tf.cast(labels >= 0, tf.float32))
+        return tf.maximum(local, 1.0) * context.num_replicas_in_sync

@@ -238,6 +238,14 @@ _TINY_PNG = bytes.fromhex("89504e470d0a1a0a0000000d49484452000000020000000208000
                           "49444154089963606060606000000006000185c299bc0000000049454e44ae426082")  # 2x2 grey
 
 
+def _text(name, content):
+    def case(tmp):
+        (tmp / name).write_text(content)
+        return [f"--dataset=text:{tmp / name}", "--task=language_model"]
+
+    return case
+
+
 # args (a list, or a function of tmp_path giving one), exit code, keywords in the last line
 BAD_INPUTS = [
     pytest.param(["--strategy=nope"], 1, ["strategy"], id="unknown_strategy"),
@@ -323,6 +331,18 @@ BAD_INPUTS = [
     pytest.param(["--best_metric=top5"], 1, ["best_metric"], id="best_metric_without_direction"),
     pytest.param(["--best_metric=+top5"], 2, ["--best_metric=+top5", "no 'top5'"], id="best_metric_unknown"),
     pytest.param(["--eval_every=-2"], 1, ["eval_every"], id="eval_every_below_minus_one"),
+    # --dataset=text:PATH and --task=language_model (tests/test_language_model.py).
+    pytest.param(lambda tmp: [f"--dataset=text:{tmp}/no_such.txt", "--task=language_model"], 2,
+                 ["no_such.txt", "no such file"], id="text_file_missing"),
+    pytest.param(_text("empty.txt", ""), 2, ["empty.txt", "empty"], id="text_file_empty"),
+    pytest.param(lambda tmp: _text("short.txt", "a short text. " * 10)(tmp) + ["--seq_len=200"], 2,
+                 ["140 bytes", "--seq_len=200", "too large"], id="text_seq_len_too_large"),
+    pytest.param(["--seq_len=0"], 1, ["seq_len"], id="seq_len_zero"),
+    pytest.param(["--task=language_model"], 2, ["token sequences", "text:PATH"], id="language_model_on_images"),
+    pytest.param(lambda tmp: _text("t.txt", "some text. " * 200)(tmp) + ["--seq_len=8", "--grad_accum_steps=2"], 2,
+                 ["all-reduces", "--grad_accum_steps=2"], id="language_model_grad_accum"),
+    pytest.param(lambda tmp: _text("t.txt", "some text. " * 200)(tmp) + ["--seq_len=8", "--jit_compile"], 2,
+                 ["all-reduces", "--jit_compile=True"], id="language_model_jit_compile"),
 ]
 
 

@@ -47,10 +47,12 @@ def build_task_state(config, placement, task_class, data, *, seed: int, total_st
     return task, state
 
 
-def evaluate_split(eval_loop, eval_data, num_test: int, step: int) -> tuple[dict, str]:
-    """Runs the eval loop over the whole test split: ({metric: value}, the console line)."""
+def evaluate_split(eval_loop, eval_data, task, num_test: int, step: int) -> tuple[dict, str]:
+    """Runs the eval loop over the whole test split: ({metric: value}, the console line). The
+    metrics include the Task's derived ones (e.g. perplexity from the per-token loss)."""
     result = eval_loop(eval_data)
     metrics, examples = ratios(result["totals"]), int(result["examples"].numpy())
+    metrics.update(task.derived_metrics(metrics))
     seen = f"{examples} examples" if examples == num_test else (
         f"{examples} examples evaluated, but the test split has {num_test}: its pipeline "
         "missed or repeated some")

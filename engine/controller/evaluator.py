@@ -151,7 +151,7 @@ class _Evaluator:
             self.result.skipped.append(path)
             return False
         step = self.state.step
-        metrics, line = build.evaluate_split(self.eval_loop, self.eval_data, self.data.num_test, step)
+        metrics, line = build.evaluate_split(self.eval_loop, self.eval_data, self.task, self.data.num_test, step)
         self.writer.write_scalars(step, metrics)
         self.writer.flush()
         self.evaluated.add(step)  # recorded at once: a killed evaluator's successor skips this step

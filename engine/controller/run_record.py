@@ -21,7 +21,7 @@ FILE_NAME = "config.json"
 # Resuming with a different value of one of these is an error (--allow_config_change overrides).
 # model, optimizer, lr_schedule and precision also decide which variables the checkpoint holds.
 RECORDED_IDENTITY = ("model", "dataset", "global_batch", "task", "optimizer", "lr_schedule", "precision",
-                     "image_size", "validation_split", "synthetic_shape", "num_classes")
+                     "image_size", "validation_split", "synthetic_shape", "num_classes", "seq_len")
 
 
 def path(model_dir: str) -> str:

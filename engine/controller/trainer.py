@@ -159,7 +159,8 @@ class _Run:
                                  stream=self.out, enabled=self.placement.is_chief)
 
     def evaluate(self):
-        metrics, line = build.evaluate_split(self.eval_loop, self.eval_data, self.data.num_test, self.step)
+        metrics, line = build.evaluate_split(self.eval_loop, self.eval_data, self.task, self.data.num_test,
+                                             self.step)
         self.writers["eval"].write_scalars(self.step, metrics)
         self.monitor.after_eval(self.step)
         self.writers["eval"].flush()
@@ -236,6 +237,7 @@ class _Run:
                 + (f" ({self.checkpoint_path})" if self.checkpoint_path else "")
                 + "; lower --learning_rate, check the data, or use --on_nonfinite=skip")
         self.train_metrics = ratios(result["totals"])
+        self.train_metrics.update(task.derived_metrics(self.train_metrics))
         if math.isnan(self.train_metrics.get("grad_norm", 0.0)):
             del self.train_metrics["grad_norm"]  # nan: the Task applied no gradients via apply_gradients
         self.skipped_steps += bad

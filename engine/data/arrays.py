@@ -43,7 +43,10 @@ class ArraySource:
 
     streamed = False
 
-    def __init__(self, name, where, x_train, y_train, x_test, y_test, num_classes=None, class_names=None):
+    def __init__(self, name, where, x_train, y_train, x_test, y_test, num_classes=None, class_names=None,
+                 pad_label=None):
+        """`pad_label`: a label value that marks a padded position, not a class (e.g. -1 in the
+        padded tail of a text window); exempt from the range check."""
         self.name, self.where = name, where
         self.x_train, self.y_train, self.x_test, self.y_test = x_train, y_train, x_test, y_test
         _validate(where, x_train, y_train, x_test, y_test)
@@ -51,7 +54,7 @@ class ArraySource:
         if num_classes is None and integer_labels:
             num_classes = int(max(y_train.max(), y_test.max())) + 1
         if integer_labels:
-            _check_label_range(where, y_train, y_test, num_classes)
+            _check_label_range(where, y_train, y_test, num_classes, pad_label)
         features, labels = _normalise(tf.zeros((1, *x_train.shape[1:]), x_train.dtype),
                                       tf.zeros((1, *y_train.shape[1:]), y_train.dtype))
         self.spec = DataSpec(tf.TensorSpec(features.shape[1:], features.dtype),
@@ -116,8 +119,10 @@ def _validate(where, x_train, y_train, x_test, y_test) -> None:
             "`python -m engine.data.tfrecord` and use --dataset=tfrecord:GLOB (streamed)")
 
 
-def _check_label_range(where, y_train, y_test, num_classes) -> None:
+def _check_label_range(where, y_train, y_test, num_classes, pad_label=None) -> None:
     for split, y in (("train", y_train), ("test", y_test)):
+        if pad_label is not None:
+            y = y[y != pad_label]
         low, high = int(y.min()), int(y.max())
         if low < 0 or high >= num_classes:
             raise UserError(f"{where}: {split} labels range over [{low}, {high}], expected "

@@ -8,6 +8,8 @@ Built-in names (in memory): mnist, fashion_mnist, synthetic. Sources with an arg
                                     --image_size (also tfrecord: images) (engine/data/image_folders.py)
   tfds:NAME[:CONFIG]                a TensorFlow Datasets builder prepared under --data_dir, streamed
                                     (engine/data/tfds_source.py; the optional extra ".[tfds]")
+  text:PATH                         UTF-8 text (a file, a directory or a glob of files) as windows of
+                                    --seq_len byte tokens and their next bytes, in memory (engine/data/text.py)
 A source is an `ArraySource` (engine/data/arrays.py) or a `StreamSource` (engine/data/streams.py):
 both give `spec` (a DataSpec), `num_train`, `num_test` and their pipelines.
 """
@@ -26,7 +28,7 @@ from engine.errors import UserError
 DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 
-SOURCE_KINDS = ("npz", "tfrecord", "images", "tfds")  # --dataset=KIND:ARGUMENT
+SOURCE_KINDS = ("npz", "tfrecord", "images", "tfds", "text")  # --dataset=KIND:ARGUMENT
 
 # Flags only some sources read: --dataset kinds -> what they apply to.
 IMAGE_OPTIONS = {"image_size": ("images", "tfrecord"), "validation_split": ("images",)}
@@ -56,7 +58,7 @@ def load(config, parse_example=None):
         source = loader[kind](config)
     elif kind not in SOURCE_KINDS or not argument:
         raise UserError(f"--dataset={config.dataset!r}: expected one of {', '.join(DATASETS)} or "
-                        "npz:PATH, tfrecord:TRAIN_GLOB[,TEST_GLOB], images:DIR, tfds:NAME[:CONFIG]")
+                        "npz:PATH, tfrecord:TRAIN_GLOB[,TEST_GLOB], images:DIR, tfds:NAME[:CONFIG], text:PATH")
     elif kind == "npz":
         source = _load_npz(argument, config)
     elif kind == "images":
@@ -67,6 +69,10 @@ def load(config, parse_example=None):
         from engine.data import tfds_source  # imports tensorflow_datasets (optional) only for tfds:
 
         source = tfds_source.load(argument, config)
+    elif kind == "text":
+        from engine.data import text
+
+        source = text.load(argument, config)
     else:
         from engine.data import tfrecord
 

@@ -20,6 +20,7 @@ AGREED_FLAGS = (
     "synthetic_train_examples", "synthetic_test_examples", "deterministic", "jit_compile",
     "lr_schedule", "warmup_steps", "weight_decay", "clip_norm", "precision", "grad_accum_steps",
     "image_size", "validation_split", "synthetic_shape", "num_classes", "shuffle_buffer", "cache",
+    "seq_len",
 )
 
 

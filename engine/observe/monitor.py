@@ -1,6 +1,6 @@
 """What the chief shows in TensorBoard beyond the per-loop scalars, decided between compiled loops:
 config text, sample inputs, HParams session, confusion matrix and misclassified images at each
-evaluation, weight/gradient histograms, the traced train-step graph and the profiler window.
+evaluation (and the Task's own `after_eval` extras), weight/gradient histograms, the traced train-step graph and the profiler window.
 
 Nothing here runs a collective: on other workers the writers do nothing and the chief-only work
 (predictions for the images, the profiler) is skipped, so they never wait on it except at the next
@@ -111,6 +111,7 @@ class Monitor:
     def after_eval(self, step: int) -> None:
         if not (self.full and self.is_chief):
             return
+        self.task.after_eval(step, self.writers["eval"])  # the Task's own extras (default: none)
         found = self._predictions()
         if found is None:
             return

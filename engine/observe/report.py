@@ -24,7 +24,7 @@ def banner(config, placement, data, per_replica, schedule, seed, model, start_st
         f"data         {data.name}: {data.num_train} train / {data.num_test} test, "
         f"{data.spec.describe()}, from {data.where}",
         f"input        {data.sharding(placement.num_workers)}",
-        f"model        {config.model} ({model.count_params():,} parameters), task {config.task}, "
+        f"model        {_model_name(config, model)} ({model.count_params():,} parameters), task {config.task}, "
         f"input {config.input_mode}",
         f"schedule     {schedule.total_steps} steps ({schedule.total_steps / schedule.steps_per_epoch:.2f} "
         f"epochs of {schedule.steps_per_epoch}), {schedule.steps_per_loop} steps per compiled loop, "
@@ -67,3 +67,8 @@ def summary(result, out) -> None:
     lines += [f"       TensorBoard logs in {logdir}", f"       watch: tensorboard --logdir {logdir}"]
     out.write("\n".join(lines) + "\n")
     out.flush()
+
+
+def _model_name(config, model) -> str:
+    """--model, or the name of the model a Task built itself (e.g. language_model's byte_transformer)."""
+    return config.model if model.name == config.model else f"{model.name} (the Task's build_model)"

@@ -13,6 +13,7 @@ from engine.task import Task
 TASKS = {
     "classification": "engine.task:Task",
     "label_smoothing": "engine.tasks.label_smoothing:LabelSmoothingTask",  # the worked example of a changed step
+    "language_model": "engine.tasks.language_model:LanguageModelTask",  # byte Transformer, per-token loss
 }
 
 
