@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 import keras
@@ -27,7 +29,13 @@ from test_cli import explain
 from test_models import NO_DROPOUT, _max_difference
 from tasks import CnnBnNoDropoutTask
 
+# Data files the `data` feature reads, written by the `cli_runs` fixture before any run starts.
+DATA_DIR = os.path.join(tempfile.gettempdir(), f"ctl_combinations_{os.getpid()}")
+
 FEATURES = (
+    ("data", {"synthetic": (), "npz": (f"--dataset=npz:{DATA_DIR}/d.npz",),
+              "tfrecord": (f"--dataset=tfrecord:{DATA_DIR}/rec/train-*,{DATA_DIR}/rec/test-*",
+                           "--shuffle_buffer=32")}),
     ("strategy", {"default": (), "mirrored1": ("--strategy=mirrored", "--cpu_replicas=1"),
                   "mirrored2": ("--strategy=mirrored", "--cpu_replicas=2")}),
     ("model", {"cnn": ("--model=cnn",), "cnn_bn": ("--model=cnn_bn",), "mlp": ("--model=mlp",)}),
@@ -40,6 +48,7 @@ FEATURES = (
                    "clip_cosine": ("--clip_norm=1.0", "--lr_schedule=cosine")}),
     ("xla", {"nojit": ("--nojit_compile",), "jit": ("--jit_compile",)}),
     ("summaries", {"basic": ("--summaries=basic",), "full": ("--summaries=full", "--histogram_every=2")}),
+    ("best", {"last": (), "best_accuracy": ("--best_metric=accuracy",)}),
 )
 SHORT_RUN = ("--dataset=synthetic", "--synthetic_train_examples=64", "--synthetic_test_examples=32",
              "--global_batch=16", "--train_steps=2", "--steps_per_loop=2", "--seed=1", "--noexport")
@@ -81,6 +90,17 @@ def covering_rows(features=FEATURES, excluded=refused) -> list[dict]:
     return rows
 
 
+def write_data_files(directory=DATA_DIR) -> None:
+    """The same 64 train / 32 test 28x28 grey images as the synthetic source, as an npz and TFRecords."""
+    from engine.data import tfrecord
+
+    (x, y), (xt, yt) = synthetic_arrays(64, seed=1), synthetic_arrays(32, seed=2)
+    os.makedirs(directory, exist_ok=True)
+    np.savez(os.path.join(directory, "d.npz"), x_train=x, y_train=y, x_test=xt, y_test=yt)
+    tfrecord.write_shards(os.path.join(directory, "rec"), "train", x, y, 2)
+    tfrecord.write_shards(os.path.join(directory, "rec"), "test", xt, yt, 2)
+
+
 def _args(row: dict) -> list:
     values = dict(FEATURES)
     return [arg for name, label in row.items() for arg in values[name][label]]
@@ -113,11 +133,13 @@ def cli_runs(request, tmp_path_factory):
         params = getattr(getattr(item, "callspec", None), "params", {})
         if item.module is request.module and "row" in params:
             rows[_row_id(params["row"])] = params["row"]
+    write_data_files()
     pool = ThreadPoolExecutor(max_workers=2)
     yield {row_id: pool.submit(lambda row: run_cli(*SHORT_RUN, *_args(row), "--model_dir="
                                                    + str(tmp_path_factory.mktemp("run") / "run"), timeout=300), row)
            for row_id, row in rows.items()}
     pool.shutdown(cancel_futures=True)
+    shutil.rmtree(DATA_DIR, ignore_errors=True)
 
 
 @pytest.mark.parametrize("row", TRAINED_ROWS, ids=map(_row_id, TRAINED_ROWS))
