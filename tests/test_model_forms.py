@@ -5,14 +5,13 @@ forms' one-line errors are in tests/test_cli.py's BAD_INPUTS catalogue."""
 from __future__ import annotations
 
 import os
-import textwrap
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import max_difference_by_name, small_config, trained_by_name
+from conftest import REPO, max_difference_by_name, small_config, trained_by_name
 from engine.controller.trainer import train
 from engine.data.spec import DataSpec
 from engine.models.registry import build_model
@@ -21,21 +20,7 @@ from flags.definitions import default_model_dir
 
 COLOUR_32 = dict(synthetic_shape="32,32,3")  # CIFAR-sized synthetic images
 
-USER_MODELS = '''
-import keras
-
-
-def build(input_shape, num_classes):
-    """conv -> batch norm (synchronised across replicas) -> relu -> global average pool -> dense."""
-    return keras.Sequential([
-        keras.Input(shape=input_shape),
-        keras.layers.Conv2D(8, 3, use_bias=False, name="conv"),
-        keras.layers.BatchNormalization(synchronized=True, momentum=0.5, name="bn"),
-        keras.layers.ReLU(name="relu"),
-        keras.layers.GlobalAveragePooling2D(name="pool"),
-        keras.layers.Dense(num_classes, name="logits"),
-    ], name="user_net")
-
+WITH_SPEC = '''
 
 def with_spec(input_shape, num_classes, spec):
     """Asks for the data's spec: names the model after its feature dtype and classes."""
@@ -45,10 +30,18 @@ def with_spec(input_shape, num_classes, spec):
 '''
 
 
+def readme_model_file() -> str:
+    """The complete example model file of README's "Bring your own model" (its first python block)."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        section = f.read().split("## Bring your own model", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
 @pytest.fixture
 def user_models(tmp_path):
+    """README's my_models.py (small_cnn), plus a builder that asks for the spec."""
     path = tmp_path / "my_models.py"
-    path.write_text(textwrap.dedent(USER_MODELS))
+    path.write_text(readme_model_file() + WITH_SPEC)
     return str(path)
 
 
@@ -105,13 +98,14 @@ def test_resnet20_two_replicas_train_like_one(tmp_path):
 # ---- the user's function: path/to/file.py:function and package.module:function ----
 
 def test_model_from_file_two_replicas_train_like_one(tmp_path, user_models):
-    model = f"{user_models}:build"
-    one = trained_by_name(tmp_path / "one", model=model, optimizer="sgd", strategy="default")
-    two = trained_by_name(tmp_path / "two", model=model, optimizer="sgd", strategy="mirrored", cpu_replicas=2)
-    assert "bn/moving_mean" in one and "logits/kernel" in one, sorted(one)  # the file's network
-    untrained = build_model(model, (28, 28, 1), 10)
-    assert one["bn/moving_variance"].shape == untrained.get_layer("bn").moving_variance.shape
-    assert float(np.max(np.abs(one["bn/moving_mean"]))) > 1e-3, "training must move the statistics"
+    """README's example file, --model=my_models.py:small_cnn: its synchronised batch norm makes 2
+    replicas train like 1 (2 SGD steps, as for cnn_bn in tests/test_models.py)."""
+    settings = dict(model=f"{user_models}:small_cnn", optimizer="sgd", train_steps=2, steps_per_loop=2)
+    one = trained_by_name(tmp_path / "one", strategy="default", **settings)
+    two = trained_by_name(tmp_path / "two", strategy="mirrored", cpu_replicas=2, **settings)
+    built = build_model(settings["model"], (28, 28, 1), 10)
+    assert built.name == "small_cnn" and len(one) == len(built.weights) == 12  # the file's network
+    assert float(np.max(np.abs(one["block1_bn/moving_mean"]))) > 1e-3, "training must move the statistics"
     assert max_difference_by_name(one, two) < 1e-5
 
 
@@ -119,7 +113,7 @@ def test_builder_that_asks_for_the_spec_gets_it(tmp_path, user_models):
     spec = DataSpec.classification((28, 28, 1), 10)
     task = Task(small_config(tmp_path, model=f"{user_models}:with_spec"), spec=spec)
     assert task.build_model().name == "spec_float32_10"
-    assert build_model(f"{user_models}:build", (28, 28, 1), 10, spec=spec).name == "user_net"  # not asked: not given
+    assert build_model(f"{user_models}:small_cnn", (28, 28, 1), 10, spec=spec).name == "small_cnn"  # not asked: not given
 
 
 def test_package_module_function_form(tmp_path):
