@@ -228,6 +228,9 @@ BAD_INPUTS = [
                                       "path/to/file.py:function", "keras.applications.NAME"], id="unknown_model"),
     pytest.param(_model_file("def build(input_shape, num_classes):\n    return 'a string'\n"), 2,
                  ["models.py:build", "returned str, not a keras.Model"], id="model_function_returns_no_model"),
+    pytest.param(_model_file("def build(input_shape):\n    pass\n"), 2,
+                 ["models.py:build", "function(input_shape, num_classes)", "too many positional"],
+                 id="model_function_wrong_signature"),
     pytest.param(["--model=engine.models.classifiers:nope"], 2, ["classifiers", "no attribute 'nope'"],
                  id="model_function_missing"),
     pytest.param(["--model=/no/such/models.py:build"], 2, ["/no/such/models.py"], id="model_file_missing"),
@@ -353,6 +356,12 @@ def test_help_lists_the_engine_flags(help_run):
     for flag in ("--strategy", "--global_batch", "--cpu_replicas", "--model_dir", "--steps_per_loop",
                  "--dataset", "--data_dir", "--task", "--train_steps"):
         assert flag in help_run.stdout, f"{flag} missing from --help:\n{explain(help_run)}"
+
+
+def test_help_lists_the_three_model_forms(help_run):
+    text = " ".join(help_run.stdout.split())  # absl wraps the help text
+    for form in ("resnet20", "package.module:function", "path/to/file.py:function", "keras.applications.NAME"):
+        assert form in text, f"{form} missing from --model's help:\n{explain(help_run)}"
 
 
 def test_help_exits_zero(help_run):

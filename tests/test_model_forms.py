@@ -151,8 +151,8 @@ def test_keras_application_outputs_logits_without_its_preprocessing():
 
 def test_keras_application_trains_on_two_replicas_and_exports(tmp_path):
     """VGG16: the cheapest application to run here that accepts 32x32x3 (few layers, so it traces
-    fast: ~30 s for this run with the CPU shared, against ~70 s for MobileNet and ~100 s for
-    MobileNetV2 or MobileNetV3Small)."""
+    fast: 12-30 s for this run with the CPU shared, against ~70 s for MobileNet and ~100 s for
+    MobileNetV2 or MobileNetV3Small under the same load)."""
     result = train(small_config(tmp_path, model="keras.applications.VGG16", strategy="mirrored", cpu_replicas=2,
                                 train_steps=2, steps_per_loop=2, global_batch=32, synthetic_train_examples=128,
                                 synthetic_test_examples=32, summaries="basic", export=True, **COLOUR_32),

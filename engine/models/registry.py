@@ -42,7 +42,14 @@ def build_model(name: str, input_shape, num_classes: int, spec=None) -> keras.Mo
     if not callable(builder):
         raise UserError(f"--model={name!r}: {type(builder).__name__} is not a function "
                         "(input_shape, num_classes) -> keras.Model")
-    model = builder(input_shape, num_classes, **({"spec": spec} if _takes_spec(builder) else {}))
+    kwargs = {"spec": spec} if _takes_spec(builder) else {}
+    try:
+        inspect.signature(builder).bind(input_shape, num_classes, **kwargs)
+    except TypeError as err:
+        raise UserError(f"--model={name!r}: cannot call it as function(input_shape, num_classes): {err}") from None
+    except ValueError:  # no signature to check (a builtin): just call it
+        pass
+    model = builder(input_shape, num_classes, **kwargs)
     if not isinstance(model, keras.Model):
         raise UserError(f"--model={name!r} returned {type(model).__name__}, not a keras.Model")
     return model
