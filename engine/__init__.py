@@ -12,12 +12,13 @@ The core a researcher touches (replica context, inside compiled loops):
   optimizers.py  optimizer registry, schedules and weight decay
 Around it:
   data/        sources, file readers, tf.data pipelines at the global batch
-  models/      model registry and the built-in networks
+  models/      --model resolution (registered, module/file function, keras.applications) and the built-in networks
   tasks/       ready Tasks and `--task` resolution
   distribute/  strategy factory, TF_CONFIG, flag agreement, watchdog, launcher, preemption
   observe/     TensorBoard writers, monitor, images, hparams, console progress and report
   controller/  the outer loop (trainer), schedule, state and checkpoints, run record
   config.py, errors.py   the frozen run configuration and the errors a run stops with
+  user_code.py  imports `package.module:NAME` / `path/file.py:NAME` for --task and --model
 """
 
 __version__ = "0.1.0"

@@ -92,7 +92,7 @@ class Task:
                 f"--task={self.config.task} classifies, but the data's labels are {self.spec.labels.dtype.name} "
                 f"{tuple(self.spec.labels.shape)} (not one class id per example); use a Task of your own "
                 "(--task=path/to/file.py:Class) for other targets")
-        return build_model(self.config.model, self.input_shape, self.num_classes)
+        return build_model(self.config.model, self.input_shape, self.num_classes, spec=self.spec)
 
     def build_optimizer(self) -> keras.optimizers.Optimizer:
         return build_optimizer(self.config, self.total_steps)

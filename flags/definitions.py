@@ -21,7 +21,19 @@ def default_model_dir(dataset: str, model: str, strategy: str) -> str:
     kind, _, argument = dataset.partition(":")  # npz:/data/x.npz -> npz_x
     name = f"{kind}_{os.path.splitext(os.path.basename(argument.split(',')[0].rstrip('/')))[0]}" if argument else kind
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
-    return os.path.join("runs", f"{name}-{model}-{strategy}-{stamp}")
+    return os.path.join("runs", f"{name}-{_model_name(model)}-{strategy}-{stamp}")
+
+
+def _model_name(model: str) -> str:
+    """--model as one path component: path/to/net.py:build -> net_build, keras.applications.ResNet50
+    -> ResNet50, cnn -> cnn."""
+    where, _, function = model.rpartition(":")
+    if where:
+        module = os.path.splitext(os.path.basename(where))[0] if where.endswith(".py") else where.rpartition(".")[2]
+        model = f"{module}_{function}"
+    elif model.startswith("keras.applications."):
+        model = model[len("keras.applications."):]
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
 
 
 def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
@@ -137,9 +149,14 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "seq_len", 128, "--dataset=text:PATH: tokens (bytes) per example; each example is seq_len input bytes "
         "and the seq_len bytes that follow each of them.", lower_bound=1, **f)
     # Model, task, optimizer.
-    absl_flags.DEFINE_string("model", "cnn", "Model from the registry in engine/models/registry.py: cnn (the "
-                             "Keras MNIST example's CNN), cnn_bn (2 conv blocks, batch norm synchronised "
-                             "across replicas, dropout: 0.91-0.92 on fashion_mnist), mlp.", **f)
+    absl_flags.DEFINE_string(
+        "model", "cnn",
+        "The network, in one of three forms: a registered name (engine/models/registry.py): cnn (the Keras "
+        "MNIST example's CNN), cnn_bn (2 conv blocks, batch norm synchronised across replicas, dropout: "
+        "0.91-0.92 on fashion_mnist), mlp, resnet20 (the CIFAR ResNet-20, 0.27 M parameters); "
+        "package.module:function or path/to/file.py:function (a function (input_shape, num_classes) "
+        "returning a keras.Model that outputs logits); or keras.applications.NAME (e.g. ResNet50, "
+        "MobileNetV2, EfficientNetB0: untrained, for the data's shape and classes, logits out).", **f)
     absl_flags.DEFINE_string(
         "task", "classification",
         "The step functions: a registered name (classification; label_smoothing, the worked example in "

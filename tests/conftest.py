@@ -39,6 +39,30 @@ def exported_weights(model_dir) -> list:
     return [w.numpy() if hasattr(w, "numpy") else np.asarray(w) for w in model.weights]
 
 
+def exported_by_name(model_dir) -> dict:
+    """{weight path: array} of model_dir/export/model.keras."""
+    model = keras.models.load_model(os.path.join(str(model_dir), "export", "model.keras"))
+    return {w.path: np.asarray(w.numpy()) for w in model.weights}
+
+
+def trained_by_name(model_dir, **overrides) -> dict:
+    """Trains small_config(model_dir, export=True, **overrides) in this process; its exported weights
+    by path (for comparing runs, e.g. 2 replicas against 1)."""
+    from engine.controller.trainer import train
+
+    train(small_config(model_dir, **{**overrides, "export": True}), out=open(os.devnull, "w"))
+    return exported_by_name(model_dir)
+
+
+def max_difference_by_name(a: dict, b: dict, moving_only=False) -> float:
+    """The largest absolute difference between two {weight path: array} of the same model
+    (moving_only: batch norm's moving statistics only)."""
+    assert a.keys() == b.keys()
+    names = [n for n in a if "moving_" in n] if moving_only else list(a)
+    assert names
+    return max(float(np.max(np.abs(a[n] - b[n]))) for n in names)
+
+
 def tensorboard_run(logdir):
     """An EventAccumulator with every event of a TensorBoard log directory loaded."""
     from tensorboard.backend.event_processing import event_accumulator

@@ -205,6 +205,13 @@ def _npz(name, **arrays):
     return make
 
 
+def _model_file(source):
+    def make(tmp):
+        (tmp / "models.py").write_text(source)
+        return [f"--model={tmp / 'models.py'}:build"]
+    return make
+
+
 def _corrupt_tfrecord(tmp):
     from engine.data import tfrecord
 
@@ -261,7 +268,22 @@ BAD_INPUTS = [
     pytest.param(_idx(train_labels=_LABELS_12), 2, ["labels"], id="labels_out_of_range"),
     pytest.param(_idx(train_labels=(np.arange(250) % 10).astype(np.uint8)), 2, ["256 images", "250 labels"],
                  id="count_mismatch"),
-    pytest.param(["--model=nope"], 2, ["--model", "cnn"], id="unknown_model"),
+    pytest.param(["--model=nope"], 2, ["--model='nope'", "cnn_bn", "resnet20", "package.module:function",
+                                      "path/to/file.py:function", "keras.applications.NAME"], id="unknown_model"),
+    pytest.param(_model_file("def build(input_shape, num_classes):\n    return 'a string'\n"), 2,
+                 ["models.py:build", "returned str, not a keras.Model"], id="model_function_returns_no_model"),
+    pytest.param(_model_file("def build(input_shape):\n    pass\n"), 2,
+                 ["models.py:build", "function(input_shape, num_classes)", "too many positional"],
+                 id="model_function_wrong_signature"),
+    pytest.param(["--model=engine.models.classifiers:nope"], 2, ["classifiers", "no attribute 'nope'"],
+                 id="model_function_missing"),
+    pytest.param(["--model=/no/such/models.py:build"], 2, ["/no/such/models.py"], id="model_file_missing"),
+    pytest.param(["--model=keras.applications.ResNet51"], 2, ["ResNet51", "did you mean ResNet50", "MobileNetV2"],
+                 id="model_application_unknown"),
+    pytest.param(["--model=keras.applications.MobileNetV2"], 2,  # synthetic 28x28 images: too small
+                 ["MobileNetV2 needs input at least 32x32", "28x28x1"], id="model_application_input_too_small"),
+    pytest.param(lambda tmp: _npz("d.npz")(tmp) + ["--model=keras.applications.ResNet50"], 2,
+                 ["ResNet50 takes images", "(6,)"], id="model_application_not_images"),
     pytest.param(["--task=nope"], 2, ["--task"], id="unknown_task"),
     pytest.param([f"--task={TEST_TASKS}:NotATask"], 2, ["subclass"], id="task_not_a_subclass"),
     pytest.param([f"--task={TEST_TASKS}:NoSuchClass"], 2, ["NoSuchClass"], id="task_missing_class"),
@@ -410,6 +432,12 @@ def test_help_lists_the_engine_flags(help_run):
     for flag in ("--strategy", "--global_batch", "--cpu_replicas", "--model_dir", "--steps_per_loop",
                  "--dataset", "--data_dir", "--task", "--train_steps"):
         assert flag in help_run.stdout, f"{flag} missing from --help:\n{explain(help_run)}"
+
+
+def test_help_lists_the_three_model_forms(help_run):
+    text = " ".join(help_run.stdout.split())  # absl wraps the help text
+    for form in ("resnet20", "package.module:function", "path/to/file.py:function", "keras.applications.NAME"):
+        assert form in text, f"{form} missing from --model's help:\n{explain(help_run)}"
 
 
 def test_help_exits_zero(help_run):

@@ -4,43 +4,26 @@ included)."""
 
 from __future__ import annotations
 
-import os
-
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import TEST_TASKS, run_cli, small_config
+from conftest import TEST_TASKS, exported_by_name, max_difference_by_name, run_cli, trained_by_name
 from engine.data.sources import synthetic_arrays
 from engine.models.registry import build_model
 from engine.distribute.strategy import build_strategy
-from engine.controller.trainer import train
 
 NO_DROPOUT = f"{TEST_TASKS}:CnnBnNoDropoutTask"  # cnn_bn, dropout 0, BN momentum 0.5
 NO_DROPOUT_UNSYNCED = f"{TEST_TASKS}:UnsyncedCnnBnNoDropoutTask"  # the same, BN synchronized=False
-
-
-def _exported_by_name(model_dir) -> dict:
-    model = keras.models.load_model(os.path.join(str(model_dir), "export", "model.keras"))
-    return {w.path: np.asarray(w.numpy()) for w in model.weights}
 
 
 def _train(model_dir, **overrides) -> dict:
     """Two SGD steps. Longer runs of a freshly initialised BN network amplify float rounding (the
     replicas sum in a different order): after 6 steps synchronised 2-vs-1 replica weights differ by
     up to ~3e-4, after 1-2 steps by ~1e-6, while unsynchronised statistics differ by 1e-3 and more."""
-    settings = dict(model="cnn_bn", optimizer="sgd", train_steps=2, steps_per_loop=2, export=True)
-    train(small_config(model_dir, **{**settings, **overrides}),
-          out=open(os.devnull, "w"))
-    return _exported_by_name(model_dir)
-
-
-def _max_difference(a: dict, b: dict, moving_only=False) -> float:
-    assert a.keys() == b.keys()
-    names = [n for n in a if "moving_" in n] if moving_only else list(a)
-    assert names
-    return max(float(np.max(np.abs(a[n] - b[n]))) for n in names)
+    return trained_by_name(model_dir, **{**dict(model="cnn_bn", optimizer="sgd", train_steps=2, steps_per_loop=2),
+                                         **overrides})
 
 
 # ---- the model itself ----
@@ -122,15 +105,15 @@ def test_synchronized_bn_two_replicas_train_like_one(tmp_path, one_replica):
     two = _train(tmp_path, task=NO_DROPOUT, strategy="mirrored", cpu_replicas=2)
     moved = max(float(np.max(np.abs(w))) for n, w in one_replica.items() if n.endswith("moving_mean"))
     assert moved > 0.03, "the moving statistics must have moved from their initial 0 (mean)"
-    assert _max_difference(one_replica, two) < 1e-5  # every weight, BN moving mean/variance included
+    assert max_difference_by_name(one_replica, two) < 1e-5  # every weight, BN moving mean/variance included
 
 
 def test_unsynchronized_bn_two_replicas_drift(tmp_path, one_replica):
     """The same comparison fails with synchronized=False: so the test above would catch a regression."""
     unsynced_one = _train(tmp_path / "one", task=NO_DROPOUT_UNSYNCED, strategy="default")
     unsynced_two = _train(tmp_path / "two", task=NO_DROPOUT_UNSYNCED, strategy="mirrored", cpu_replicas=2)
-    assert _max_difference(unsynced_one, one_replica) < 1e-5  # one replica: the flag changes nothing
-    assert _max_difference(unsynced_one, unsynced_two, moving_only=True) > 3e-4
+    assert max_difference_by_name(unsynced_one, one_replica) < 1e-5  # one replica: the flag changes nothing
+    assert max_difference_by_name(unsynced_one, unsynced_two, moving_only=True) > 3e-4
 
 
 def test_synchronized_bn_two_workers_train_like_one(tmp_path, one_replica):
@@ -142,4 +125,4 @@ def test_synchronized_bn_two_workers_train_like_one(tmp_path, one_replica):
         "--optimizer=sgd", f"--task={NO_DROPOUT}", f"--model_dir={tmp_path}", "--export", timeout=180)
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
     assert "global batch 64 = 2 replicas x 32" in launched.stdout
-    assert _max_difference(one_replica, _exported_by_name(tmp_path)) < 1e-5
+    assert max_difference_by_name(one_replica, exported_by_name(tmp_path)) < 1e-5
