@@ -138,8 +138,7 @@ class _Run:
             self.monitor.at_start(report.config_markdown(config, self.run_facts), self.run_facts)
         self.train_data = pipelines.distributed_train_data(strategy, self.data, config, task.seed,
                                                           skip_batches=self.start_step)
-        self.eval_data = strategy.experimental_distribute_dataset(
-            pipelines.eval_dataset(self.data.test_images, self.data.test_labels, config.global_batch))
+        self.eval_data = pipelines.distributed_eval_data(strategy, self.data, config.global_batch)
         self.train_loop = make_train_loop(
             strategy, task, self.state.global_step, accum_steps=config.grad_accum_steps,
             jit_compile=config.jit_compile, skip_nonfinite=config.on_nonfinite == "skip",
