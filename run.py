@@ -105,6 +105,14 @@ def entry_point() -> None:
         if exit_.code == 1 and _HELP_FLAGS.intersection(sys.argv[1:]):
             raise SystemExit(0) from None
         raise
+    finally:
+        # The run is over (writers and checkpoints closed, atexit handlers still to come): spare
+        # the interpreter's last full garbage collection over TensorFlow's and Keras' objects. It
+        # cost each process 1-2 s of CPU, 4-6 s after the summary for two local workers on 2 busy
+        # cores (0.5 s frozen). Objects are still freed by reference count as modules unload.
+        import gc
+
+        gc.freeze()
 
 
 _HELP_FLAGS = {"--help", "-help", "-?", "--helpshort", "-helpshort", "--helpfull", "-helpfull", "--helpxml"}

@@ -3,9 +3,12 @@ so in-process tests can compare 1 and 2 replicas; helpers shared by the tests.""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
+import threading
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -81,13 +84,61 @@ def tensorboard_scalars(logdir) -> dict:
             if accumulator.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"}
 
 
+def _cli(args, env):
+    """The command line and environment of `python run.py args...`."""
+    return [sys.executable, os.path.join(REPO, "run.py"), *args], dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
+
+
 def run_cli(*args, timeout=240, env=None):
     """Runs `python run.py args...` in a fresh process; returns the CompletedProcess."""
-    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
-    return subprocess.run(
-        [sys.executable, os.path.join(REPO, "run.py"), *args], cwd=REPO, env=full_env,
-        capture_output=True, text=True, timeout=timeout,
-    )
+    command, full_env = _cli(args, env)
+    return subprocess.run(command, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@dataclasses.dataclass
+class TimedRun:
+    returncode: int
+    lines: list  # (seconds since start, "out" or "err", line), in order of arrival
+    exited: float  # seconds since start
+
+    @property
+    def output(self) -> str:
+        return "".join(line for _, _, line in self.lines)
+
+    @property
+    def seconds_after_last_line(self) -> float:
+        return self.exited - (self.lines[-1][0] if self.lines else 0.0)
+
+
+def run_cli_timed(*args, timeout=240, env=None) -> TimedRun:
+    """Like run_cli, but notes when each stdout/stderr line arrived and when the process ended
+    (a reader thread per stream), e.g. to see how long it took to exit after its last line."""
+    command, full_env = _cli(args, env)
+    started = time.monotonic()
+    process = subprocess.Popen(command, cwd=REPO, env=full_env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, bufsize=1)
+    lines, lock = [], threading.Lock()
+
+    def read(stream, name):
+        for line in stream:
+            with lock:
+                lines.append((time.monotonic() - started, name, line))
+
+    readers = [threading.Thread(target=read, args=(stream, name), daemon=True)
+               for stream, name in ((process.stdout, "out"), (process.stderr, "err"))]
+    for reader in readers:
+        reader.start()
+    try:
+        process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+    exited = time.monotonic() - started
+    for reader in readers:
+        reader.join(timeout=10)  # the pipes close when the process ends
+    with lock:
+        return TimedRun(process.returncode, sorted(lines, key=lambda entry: entry[0]), exited)
 
 
 @pytest.fixture

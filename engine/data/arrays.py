@@ -131,9 +131,13 @@ def _check_label_range(where, y_train, y_test, num_classes, pad_label=None) -> N
 
 def with_options(dataset: tf.data.Dataset, deterministic: bool = True,
                  policy=tf.data.experimental.AutoShardPolicy.DATA) -> tf.data.Dataset:
+    """The engine's options for every pipeline it builds: deterministic order, the auto-shard
+    policy, and no tf.data autotuning (see engine/data/pipelines.py: deleting an autotuned iterator
+    could block the process's exit for up to a minute)."""
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = policy
     options.deterministic = deterministic
+    options.autotune.enabled = False
     return dataset.with_options(options)
 
 
@@ -200,7 +204,7 @@ def per_worker_train_dataset_fn(features, labels, global_batch: int, seed: int |
         dataset = _index_batches(len(features), global_batch, seed, skip_batches)
         dataset = dataset.flat_map(this_workers_batches)
         dataset = dataset.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
-        return dataset.prefetch(tf.data.AUTOTUNE)
+        return with_options(dataset.prefetch(tf.data.AUTOTUNE), policy=tf.data.experimental.AutoShardPolicy.OFF)
 
     return dataset_fn
 

@@ -5,6 +5,15 @@ batches split by `strategy.experimental_distribute_dataset`, or per-worker pipel
 (`distribute_datasets_from_function`) that keep each worker's slice of the same global batches.
 Streamed sources (engine/data/streams.py) always build one pipeline per worker with
 `distribute_datasets_from_function`, sharded by file or by record.
+
+No tf.data autotuning, in the engine's pipelines (`arrays.with_options`) nor on the per-device
+datasets TensorFlow builds to distribute them: deleting an iterator of an autotuned dataset could
+block for up to a minute. Its autotune thread sleeps between optimisations (periods 10 ms doubling
+up to 60 s), and the iterator's destructor wakes it and waits for it; TF 2.21's CancellationManager
+runs that wake-up callback before it marks itself cancelled, so a thread that wakes at once sees
+"not cancelled" and sleeps out the rest of its period (measured: a run lingered 4-20 s after its
+summary, the main thread in ~RootDataset::Iterator, holding the GIL). Without autotuning there is no
+such thread; AUTOTUNE values then take TensorFlow's static defaults, as fast here as autotuning.
 """
 
 from __future__ import annotations
@@ -30,8 +39,31 @@ def example_augmentation(task, seed: int):
     return augment
 
 
+def _device_datasets_without_autotune() -> None:
+    """MirroredStrategy and MultiWorkerMirroredStrategy iterate through a MultiDeviceIterator,
+    which builds one dataset per device (`multi_device_iterator_ops._create_device_dataset`: a
+    generator over the host iterator + prefetch) with default options, so autotuned, and no public
+    option reaches them. This wraps that builder once to switch autotuning off there too (the
+    datasets have nothing to tune: their prefetch buffer is fixed). If a TensorFlow version no
+    longer has the function, nothing is wrapped (tests/test_exit.py then shows the linger)."""
+    from tensorflow.python.data.ops import multi_device_iterator_ops
+
+    create = getattr(multi_device_iterator_ops, "_create_device_dataset", None)
+    if create is None or getattr(create, "without_autotune", False):
+        return
+
+    def create_without_autotune(*args, **kwargs):
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        return create(*args, **kwargs).with_options(options)
+
+    create_without_autotune.without_autotune = True
+    multi_device_iterator_ops._create_device_dataset = create_without_autotune
+
+
 def distributed_train_data(strategy, source, config, task, seed: int, skip_batches: int):
     """The endless training stream split across replicas."""
+    _device_datasets_without_autotune()
     augment = example_augmentation(task, seed)
     if source.streamed:
         return strategy.distribute_datasets_from_function(
@@ -47,6 +79,7 @@ def distributed_train_data(strategy, source, config, task, seed: int, skip_batch
 
 def distributed_eval_data(strategy, source, config):
     """Every test example exactly once, split across replicas (and workers)."""
+    _device_datasets_without_autotune()
     if source.streamed:
         return strategy.distribute_datasets_from_function(source.eval_dataset_fn(config.global_batch))
     return strategy.experimental_distribute_dataset(source.eval_dataset(config.global_batch))

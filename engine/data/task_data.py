@@ -28,6 +28,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from engine.data.arrays import with_options
 from engine.data.spec import DataSpec
 from engine.errors import UserError
 
@@ -40,6 +41,10 @@ class TaskDatasets:
     num_test: int
     num_classes: Optional[int] = None
     class_names: Optional[tuple] = None
+
+
+def _engine_options(dataset):
+    return with_options(dataset, policy=tf.data.experimental.AutoShardPolicy.OFF)
 
 
 class TaskSource:
@@ -65,10 +70,11 @@ class TaskSource:
         return f"the Task's own pipelines, one per worker ({num_pipelines})"
 
     def train_dataset_fn(self, global_batch, seed, skip_batches=0, augment=None):
-        return lambda context: self.datasets.train(context, seed, skip_batches)  # the Task augments itself
+        # The Task augments itself; the engine's options (no autotuning: a prompt exit) are added.
+        return lambda context: _engine_options(self.datasets.train(context, seed, skip_batches))
 
     def eval_dataset_fn(self, global_batch):
-        return self.datasets.evaluate
+        return lambda context: _engine_options(self.datasets.evaluate(context))
 
     def preview(self, count: int):
         x, y = next(iter(self._eval().unbatch().batch(count)))
