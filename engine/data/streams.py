@@ -28,7 +28,6 @@ shuffling their bytes again (see README "Data" for measured seconds).
 
 from __future__ import annotations
 
-import numpy as np
 import tensorflow as tf
 
 from engine.data.arrays import with_options
@@ -147,13 +146,6 @@ class StreamSource:
     def test_batches(self, batch_size: int):
         for x, y in self._local(self.test_units, batch_size):
             yield x.numpy(), y.numpy()
-
-
-def count_records(units, read) -> int:
-    """How many records the units hold (reads their bytes once, decodes nothing)."""
-    dataset = tf.data.Dataset.from_tensor_slices(units).interleave(
-        lambda *u: read(*u), cycle_length=CYCLE_LENGTH, num_parallel_calls=tf.data.AUTOTUNE)
-    return int(dataset.reduce(np.int64(0), lambda n, _: n + 1).numpy())
 
 
 def check_not_empty(where: str, split: str, count: int) -> int:

@@ -84,33 +84,25 @@ def _default_schema(path: str, image_size: str = ""):
     return decode, spec["label"]
 
 
-def _label_range(files, label_feature, where):
-    """(min, max) of the integer labels over all records (parses only the label), naming a corrupt file."""
-    low, high = None, None
+def _scan(files, label_feature=None) -> tuple:
+    """(records, lowest label, highest label) over `files` in ONE pass that reads each record's bytes
+    and, with `label_feature`, parses only its integer label (None, None without); a corrupt record
+    names its file."""
+    count, low, high = 0, None, None
     for path in files:
-        dataset = tf.data.TFRecordDataset(path).batch(4096).map(
-            lambda s: tf.io.parse_example(s, {"label": label_feature})["label"])
+        dataset = tf.data.TFRecordDataset(path).batch(4096)
+        if label_feature is not None:
+            dataset = dataset.map(lambda s: tf.io.parse_example(s, {"label": label_feature})["label"])
         try:
-            for labels in dataset:
-                labels = labels.numpy()
-                if labels.size:
-                    low = labels.min() if low is None else min(low, labels.min())
-                    high = labels.max() if high is None else max(high, labels.max())
+            for batch in dataset:
+                batch = batch.numpy()
+                count += len(batch)
+                if label_feature is not None and batch.size:
+                    low = int(batch.min()) if low is None else min(low, int(batch.min()))
+                    high = int(batch.max()) if high is None else max(high, int(batch.max()))
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
             raise UserError(f"{path}: corrupt record ({err.message.splitlines()[0][:160]})") from None
-    if low is None:
-        raise UserError(f"{where}: no records")
-    return int(low), int(high)
-
-
-def _count(files) -> int:
-    total = 0
-    for path in files:
-        try:
-            total += streams.count_records(np.array([path]), tf.data.TFRecordDataset)
-        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
-            raise UserError(f"{path}: corrupt record ({err.message.splitlines()[0][:160]})") from None
-    return total
+    return count, low, high
 
 
 def load(argument: str, config, parse_example=None) -> streams.StreamSource:
@@ -119,8 +111,8 @@ def load(argument: str, config, parse_example=None) -> streams.StreamSource:
     train_files = _files(train_glob, "train")
     test_files = _files(test_glob, "test") if test_glob else train_files
     where = f"TFRecords {train_glob}" + (f" (test {test_glob})" if test_glob else " (also the test split)")
-    num_train, num_test = _count(train_files), _count(test_files)
     num_classes = config.num_classes or None
+    label_feature = None
     if parse_example is not None:
         if config.image_size:
             raise UserError(f"--image_size={config.image_size}: the Task's parse_example decodes {where}; "
@@ -128,13 +120,17 @@ def load(argument: str, config, parse_example=None) -> streams.StreamSource:
         decode = parse_example
     else:
         decode, label_feature = _default_schema(train_files[0], config.image_size)
-        if label_feature.dtype == tf.int64:
-            low_high = [_label_range(f, label_feature, where) for f in (train_files, test_files)]
-            num_classes = num_classes or max(h for _, h in low_high) + 1
-            for split, (low, high) in zip(("train", "test"), low_high):
-                if low < 0 or high >= num_classes:
-                    raise UserError(f"{where}: {split} labels range over [{low}, {high}], expected "
-                                    f"[0, {num_classes - 1}]")
+        if label_feature.dtype != tf.int64:
+            label_feature = None  # float targets: nothing to range-check
+    train_scan = _scan(train_files, label_feature)
+    test_scan = _scan(test_files, label_feature) if test_glob else train_scan
+    num_train, num_test = train_scan[0], test_scan[0]
+    if label_feature is not None and num_train and num_test:
+        num_classes = num_classes or max(train_scan[2], test_scan[2]) + 1
+        for split, (_, low, high) in zip(("train", "test"), (train_scan, test_scan)):
+            if low < 0 or high >= num_classes:
+                raise UserError(f"{where}: {split} labels range over [{low}, {high}], expected "
+                                f"[0, {num_classes - 1}]")
     element = tf.data.TFRecordDataset(train_files[:1]).map(decode).element_spec
     if not (isinstance(element, tuple) and len(element) == 2):
         raise UserError(f"--dataset=tfrecord: parse_example must return (features, label), got {element}")
