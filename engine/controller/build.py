@@ -4,13 +4,49 @@ way (inside strategy.scope()) and evaluate the same way."""
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 import tensorflow as tf
 
 from engine.controller.state import create_state
 from engine.data import pipelines, sources
+from engine.errors import UserError
 from engine.loop import ratios
 from engine.tasks.registry import load_task_class
+
+
+@contextlib.contextmanager
+def job(config):
+    """Around a whole job (training or evaluation): Keras' dtype policy set to --precision for the
+    layers built inside (and put back after), and a bad record or file met while reading turned into
+    a one-line UserError naming the source instead of TensorFlow's traceback."""
+    previous_policy = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_dtype_policy(config.precision)
+    try:
+        yield
+    except tf.errors.OpError as err:
+        if not from_input_pipeline(err):
+            raise
+        hint = ("; `python -m engine.data.image_folders DIR` lists every bad file"
+                if config.dataset.startswith("images:") else "")
+        raise UserError(f"--dataset={config.dataset}: the input pipeline failed: {_first_cause(err)}{hint}") from None
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous_policy)
+
+
+def from_input_pipeline(err) -> bool:
+    """A bad record or file met while reading (decoding, parsing), not a bug in the step."""
+    return isinstance(err, (tf.errors.InvalidArgumentError, tf.errors.DataLossError, tf.errors.NotFoundError)) and (
+        "IteratorGetNext" in str(err) or "MultiDeviceIteratorGetNextFromShard" in str(err))
+
+
+def _first_cause(err) -> str:
+    """The line of TensorFlow's message that says what went wrong (not the graph-location lines)."""
+    noise = ("Graph execution error", "Detected at node", "<stack traces unavailable>", "[[")
+    lines = [line.strip() for line in str(err.message).splitlines()]
+    causes = [line for line in lines if line and not line.startswith(noise)]
+    return (causes[0] if causes else lines[0])[:300]
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:

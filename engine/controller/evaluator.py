@@ -18,7 +18,6 @@ import os
 import sys
 import time
 
-import keras
 import tensorflow as tf
 
 from engine.controller import build, run_record
@@ -44,12 +43,8 @@ class EvalResult:
 
 def evaluate(config, out=None) -> EvalResult:
     """Runs --mode=eval or --mode=continuous_eval as `config` says."""
-    previous_policy = keras.mixed_precision.dtype_policy()
-    keras.mixed_precision.set_dtype_policy(config.precision)
-    try:
+    with build.job(config):  # --precision's dtype policy; bad input records -> one line
         return _Evaluator(config, out or sys.stdout).run()
-    finally:
-        keras.mixed_precision.set_dtype_policy(previous_policy)
 
 
 def checkpoint_step(path: str) -> int | None:

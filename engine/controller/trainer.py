@@ -11,7 +11,6 @@ import random
 import sys
 import time
 
-import keras
 import tensorflow as tf
 
 from engine import __version__
@@ -49,20 +48,13 @@ class RunResult:
 
 def train(config, out=None) -> RunResult:
     """Runs one training job as `config` says; returns what it achieved."""
-    previous_policy = keras.mixed_precision.dtype_policy()
-    keras.mixed_precision.set_dtype_policy(config.precision)  # layers built from here on use it
-    try:
-        return _train(config, out or sys.stdout)
-    except tf.errors.OpError as err:
-        if _from_input_pipeline(err):
-            hint = ("; `python -m engine.data.image_folders DIR` lists every bad file"
-                    if config.dataset.startswith("images:") else "")
-            raise UserError(f"--dataset={config.dataset}: the input pipeline failed: {_first_cause(err)}{hint}") from None
-        if config.strategy != "multi_worker_mirrored":
-            raise
-        raise collective_failure(err, parse_tf_config(os.environ.get("TF_CONFIG"))) from None
-    finally:
-        keras.mixed_precision.set_dtype_policy(previous_policy)
+    with build.job(config):  # --precision's dtype policy; bad input records -> one line
+        try:
+            return _train(config, out or sys.stdout)
+        except tf.errors.OpError as err:
+            if config.strategy != "multi_worker_mirrored" or build.from_input_pipeline(err):
+                raise
+            raise collective_failure(err, parse_tf_config(os.environ.get("TF_CONFIG"))) from None
 
 
 def _setup(config, out):
@@ -280,20 +272,6 @@ class _Run:
         if self.placement.is_chief:
             report.summary(result, self.out)
         return result
-
-
-def _from_input_pipeline(err) -> bool:
-    """A bad record or file met while reading (decoding, parsing), not a bug in the step."""
-    return isinstance(err, (tf.errors.InvalidArgumentError, tf.errors.DataLossError, tf.errors.NotFoundError)) and (
-        "IteratorGetNext" in str(err) or "MultiDeviceIteratorGetNextFromShard" in str(err))
-
-
-def _first_cause(err) -> str:
-    """The line of TensorFlow's message that says what went wrong (not the graph-location lines)."""
-    noise = ("Graph execution error", "Detected at node", "<stack traces unavailable>", "[[")
-    lines = [line.strip() for line in str(err.message).splitlines()]
-    causes = [line for line in lines if line and not line.startswith(noise)]
-    return (causes[0] if causes else lines[0])[:300]
 
 
 def _scalar(value) -> float:

@@ -55,31 +55,34 @@ class StreamSource:
         self.num_train, self.num_test = num_train, num_test
         self.shuffle_buffer, self.cache = shuffle_buffer, cache
 
+    @staticmethod
+    def _policy(units, pipelines: int) -> str:
+        """"one" (a single pipeline), "FILE" (enough units for each pipeline its own) or "DATA"."""
+        if pipelines == 1:
+            return "one"
+        return "FILE" if len(tf.nest.flatten(units)[0]) >= pipelines else "DATA"
+
     def _units_for(self, units, pipeline: int, pipelines: int):
         """(this pipeline's units, whether records must still be split by DATA)."""
-        count = len(tf.nest.flatten(units)[0])
-        if pipelines == 1:
-            return units, False
-        if count >= pipelines:
+        policy = self._policy(units, pipelines)
+        if policy == "FILE":
             return tf.nest.map_structure(lambda u: u[pipeline::pipelines], units), False
-        return units, True
+        return units, policy == "DATA"
 
     def sharding(self, num_pipelines: int) -> str:
         count = len(tf.nest.flatten(self.train_units)[0])
-        if num_pipelines == 1:
+        policy = self._policy(self.train_units, num_pipelines)
+        if policy == "one":
             return f"one input pipeline over {count} files"
-        if count >= num_pipelines:
+        if policy == "FILE":
             return f"by FILE: {count} files over {num_pipelines} input pipelines"
         return f"by DATA: {count} files < {num_pipelines} input pipelines, each keeps every {num_pipelines}-th record"
 
     def _records(self, units, by_data, pipeline, pipelines):
         dataset = tf.data.Dataset.from_tensor_slices(units)
-        dataset = dataset.interleave(self._read_unit, cycle_length=CYCLE_LENGTH,
+        dataset = dataset.interleave(self.read, cycle_length=CYCLE_LENGTH,
                                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return dataset.shard(pipelines, pipeline) if by_data else dataset
-
-    def _read_unit(self, *unit):
-        return self.read(*unit)
 
     def train_dataset_fn(self, global_batch: int, seed: int, skip_batches: int = 0, augment=None):
         def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
