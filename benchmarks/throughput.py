@@ -31,6 +31,7 @@ configure_cpu_replicas(2)  # before TensorFlow starts: the sweep compares 1 and 
 
 import keras  # noqa: E402
 
+from benchmarks import measure  # noqa: E402
 from engine.data import sources  # noqa: E402
 from engine.config import Config  # noqa: E402
 from engine.models.registry import build_model  # noqa: E402
@@ -52,14 +53,6 @@ def engine_examples_per_sec(steps_per_loop: int, loops: int, strategy="default",
     return train(config, out=open(os.devnull, "w")).train_examples_per_sec
 
 
-class _EpochTimer(keras.callbacks.Callback):
-    def on_epoch_begin(self, epoch, logs=None):
-        self.start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seconds.append(time.perf_counter() - self.start)
-
-
 def fit_examples_per_sec(steps_per_execution: int, steps: int, epochs: int, precision="float32") -> float:
     """Keras model.fit on the same model, data pipeline and batch; the first epoch is warm-up."""
     data = sources.load(Config(dataset="synthetic"))
@@ -70,29 +63,7 @@ def fit_examples_per_sec(steps_per_execution: int, steps: int, epochs: int, prec
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], steps_per_execution=steps_per_execution)
-    timer = _EpochTimer()
-    timer.seconds = []
-    model.fit(dataset, epochs=epochs + 1, steps_per_epoch=steps, verbose=0, callbacks=[timer])
-    return steps * GLOBAL_BATCH / statistics.median(timer.seconds[1:])
-
-
-def _seconds_per_call(body, calls: int = 50) -> float:
-    """Best of 5 timings of a compiled loop of `calls` calls of body(), per call."""
-
-    @tf.function
-    def loop(n):
-        out = tf.constant(0.0)
-        for _ in tf.range(n):
-            out = body()
-        return out
-
-    loop(tf.constant(3)).numpy()
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        loop(tf.constant(calls)).numpy()
-        best = min(best, time.perf_counter() - start)
-    return best / calls
+    return measure.fit_examples_per_sec(model, dataset, GLOBAL_BATCH, steps, epochs)
 
 
 def step_parts() -> dict:
@@ -135,32 +106,11 @@ def step_parts() -> dict:
     conv_flops = 3 * 2 * 26 * 26 * 9 * 32 * GLOBAL_BATCH
     dense_flops = 3 * 2 * (dense.input.shape[-1] * 128 + 128 * 10) * GLOBAL_BATCH
     return {
-        "whole bare step": (_seconds_per_call(full), training_flops_per_example(model) * GLOBAL_BATCH),
-        "conv 3x3 + relu + max-pool (fwd+bwd)": (_seconds_per_call(conv_block), conv_flops),
-        "dense 5408>128>10 (fwd+bwd)": (_seconds_per_call(dense_block), dense_flops),
-        "Adam update (all weights)": (_seconds_per_call(adam), None),
+        "whole bare step": (measure.seconds_per_call(full), training_flops_per_example(model) * GLOBAL_BATCH),
+        "conv 3x3 + relu + max-pool (fwd+bwd)": (measure.seconds_per_call(conv_block), conv_flops),
+        "dense 5408>128>10 (fwd+bwd)": (measure.seconds_per_call(dense_block), dense_flops),
+        "Adam update (all weights)": (measure.seconds_per_call(adam), None),
     }
-
-
-def matmul_peak_flops(n: int = 2048, repeats: int = 20) -> float:
-    """float32 FLOP/s of large square matmuls (2 n^3 FLOPs each), best of 3 timings."""
-    a = tf.random.normal([n, n])
-    b = tf.random.normal([n, n])
-
-    @tf.function
-    def run():
-        c = a
-        for _ in range(repeats):
-            c = tf.matmul(c, b) * 1e-3
-        return tf.reduce_sum(c)
-
-    run().numpy()
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        run().numpy()
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 * repeats / best
 
 
 def training_flops_per_example(model) -> float:
@@ -223,7 +173,7 @@ def main() -> None:
           f"{bf16 / fit_median:.2f} x fit float32; fit under the same Keras policy {fit_bf16:,.0f} ex/s\n")
 
     print("2. achieved FLOP/s against the float32 matmul peak")
-    peak = matmul_peak_flops()
+    peak = measure.matmul_peak_flops()
     per_example = training_flops_per_example(build_model("cnn", (28, 28, 1), 10))
     achieved = engine_median * per_example
     print(f"   matmul peak {peak / 1e9:,.1f} GFLOP/s; CNN training {per_example / 1e6:.2f} MFLOP/example")

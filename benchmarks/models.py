@@ -1,0 +1,306 @@
+"""Every built-in model against its own ceiling and against Keras `model.fit`, and what that
+predicts beyond one machine.
+
+    python -m benchmarks.models                      # all five, about 25 minutes on 2 CPU cores
+    python -m benchmarks.models --models=mlp,cnn     # some of them
+    python -m benchmarks.models --quick              # fewer steps and repeats (a smoke run)
+
+The same command on a GPU machine measures on its first GPU (TensorFlow's default device) and
+prints the GPU's name and its matmul peak; nothing else changes.
+
+Per model, in a process of its own (so one model's graphs and memory do not weigh on the next),
+on in-memory data, one replica, float32, global batch as in WORKLOADS:
+  * the bare compiled step: model, the Task's per-example loss, gradient, optimizer update, on one
+    constant batch, many steps per tf.function call: no input pipeline, strategy or metrics. The
+    engine's ceiling.
+  * the engine: `train()` with the run's defaults (metrics, grad norm, finite check, summaries);
+    its own throughput, first (tracing) loop excluded.
+  * `model.fit` on the same model, loss, optimizer and tf.data pipeline, at steps_per_execution 1
+    (its default) and at the best of 1/10/100. Engine, fit-best and fit-default alternate over the
+    repeats; medians are printed.
+  * training FLOPs per example, counted by TensorFlow's profiler on the bare step's graph, so the
+    achieved FLOP/s against the device's float32 matmul peak.
+  * the peak RSS of a whole `python run.py` process training the model (a user's figure).
+And from the parameter count and the measured step time: the bytes all-reduced per step and the
+predicted scaling efficiency at stated link bandwidths (AT_SCALE_LINKS; README "At scale").
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from benchmarks import measure  # noqa: E402
+from engine.config import Config  # noqa: E402
+from engine.controller import build  # noqa: E402
+from engine.controller.trainer import train  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEXT_FILE = "text.txt"  # the language model's data, written into the work directory
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    flags: dict  # Config fields (the same names as run.py's flags)
+    batch: int  # global batch
+    note: str
+
+
+WORKLOADS = {
+    "mlp": Workload(dict(model="mlp"), 256, "28x28 synthetic; a tiny step: dispatch dominates"),
+    "cnn": Workload(dict(model="cnn"), 256, "28x28 synthetic; the seed CNN"),
+    "cnn_bn": Workload(dict(model="cnn_bn"), 256, "28x28 synthetic; 2 conv blocks, synchronised BN, dropout"),
+    "resnet20": Workload(dict(model="resnet20", synthetic_shape="32,32,3", synthetic_train_examples=10000,
+                              synthetic_test_examples=2000), 128, "32x32x3 synthetic; CIFAR ResNet-20"),
+    "language_model": Workload(dict(task="language_model", seq_len=128), 32,
+                               "byte Transformer, 128 tokens per example, 1 MB of text"),
+}
+
+# Links of the "At scale" prediction: (name, GPUs per host, hosts, intra-host all-reduce bus
+# bandwidth in bytes/s, per-hop latency inside a host in s, per-host network bandwidth in bytes/s,
+# per-hop latency between hosts in s).
+AT_SCALE_LINKS = (
+    ("8 GPUs, 1 host (NVLink, 200 GB/s)", 8, 1, 200e9, 5e-6, None, None),
+    ("4 hosts x 8 GPUs (100 Gb/s per host)", 8, 4, 200e9, 5e-6, 12.5e9, 20e-6),
+    ("4 hosts x 8 GPUs (8 x 200 Gb/s per host)", 8, 4, 200e9, 5e-6, 200e9, 20e-6),
+)
+
+
+def allreduce_seconds(size_bytes: float, gpus: int, hosts: int, intra_bw, intra_latency, host_bw, host_latency):
+    """Ring (per host) + ring (across hosts) all-reduce, the alpha-beta model:
+    t = 2 (g - 1) (a_in + S / (g B_in)) + 2 (h - 1) (a_net + S / (h B_net))
+    with S the gradient bytes, g GPUs per host, h hosts, B_in the intra-host bus bandwidth, B_net the
+    host's network bandwidth (the 8 GPUs' inter-host rings share it), a the per-hop latencies."""
+    seconds = 2 * (gpus - 1) * (intra_latency + size_bytes / (gpus * intra_bw))
+    if hosts > 1:
+        seconds += 2 * (hosts - 1) * (host_latency + size_bytes / (hosts * host_bw))
+    return seconds
+
+
+def config_for(name: str, workdir: str, quick: bool, **changes) -> Config:
+    workload = WORKLOADS[name]
+    flags = dict(workload.flags)
+    if flags.get("task") == "language_model":
+        flags["dataset"] = "text:" + os.path.join(workdir, TEXT_FILE)
+    else:
+        flags.setdefault("dataset", "synthetic")
+    return Config(global_batch=workload.batch, seed=1, export=False, eval_every=10**9,
+                  checkpoint_every=10**9, model_dir=tempfile.mkdtemp(prefix="bench_", dir=workdir),
+                  **flags, **changes)
+
+
+def write_text(path: str, size: int = 1 << 20) -> None:
+    """Deterministic English-like text (words of a small vocabulary, sentences, lines)."""
+    words = ("the of and to in is was he for it with as his on be at by had are but from or have an they "
+             "which one you were all her she there would their we him been has when who will no more if out "
+             "so up said what its about than into them can only other time new some could these two may first "
+             "then do any like my now over such our man me even most made after also did many off before "
+             "must well back through years much where your way down should because long each just").split()
+    rng = np.random.default_rng(0)
+    chunks, total = [], 0
+    while total < size:
+        sentence = " ".join(rng.choice(words, rng.integers(4, 14))).capitalize() + ". "
+        chunks.append(sentence + ("\n" if rng.random() < 0.2 else ""))
+        total += len(chunks[-1])
+    with open(path, "w") as f:
+        f.write("".join(chunks)[:size])
+
+
+# ---------------------------------------------------------------- one model, in its own process
+def bare_step(task, model, optimizer, features, labels):
+    """One training step with nothing around it; the loss is the per-example (per-token) losses
+    summed over the batch over the number of real targets (labels >= 0), as the engine's tasks do."""
+    with tf.GradientTape() as tape:
+        outputs = model(features, training=True)
+        loss = tf.reduce_sum(task.per_example_loss(labels, outputs))
+        loss /= tf.maximum(tf.reduce_sum(tf.cast(labels >= 0, tf.float32)), 1.0)
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return loss
+
+
+def fresh_task(config, task_class, data):
+    task = task_class(config, spec=data.spec)
+    task.total_steps = 10**6
+    return task, task.build_model(), task.build_optimizer()
+
+
+def fit_rate(config, task_class, data, steps_per_execution, steps, epochs) -> float:
+    task, model, optimizer = fresh_task(config, task_class, data)
+    sequences = data.spec.labels.shape.rank > 0  # per-token targets: padding (-1) is ignored, as the task does
+    model.compile(optimizer=optimizer, metrics=["accuracy"], steps_per_execution=steps_per_execution,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                                  ignore_class=-1 if sequences else None))
+    return measure.fit_examples_per_sec(model, data.train_dataset(config.global_batch, seed=1),
+                                        config.global_batch, steps, epochs)
+
+
+def measure_model(name: str, workdir: str, quick: bool) -> dict:
+    config = config_for(name, workdir, quick)
+    task_class, data, _ = build.load_data(config)
+    batch = config.global_batch
+    features, labels = next(iter(data.train_dataset(batch, seed=1)))
+
+    # The ceiling, and the step time that sizes everything else.
+    task, model, optimizer = fresh_task(config, task_class, data)
+    optimizer.build(model.trainable_variables)
+    step = tf.function(lambda x, y: bare_step(task, model, optimizer, x, y))
+    flops = measure.graph_flops(step, features, labels)
+    rough = measure.seconds_per_call(lambda: step(features, labels), calls=3, timings=1)
+    calls = int(min(100, max(5, (1.0 if quick else 3.0) / rough)))
+    bare_seconds = measure.seconds_per_call(lambda: step(features, labels), calls=calls,
+                                            timings=2 if quick else 5)
+    parameters = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    gradient_bytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in model.trainable_variables)
+
+    # Loops of about 1 s or more: 100 steps per loop for fast steps, 10 for slow ones.
+    spl = 100 if bare_seconds < 0.05 else 10
+    seconds_wanted = 2.0 if quick else 6.0
+    loops = max(2, math.ceil(seconds_wanted / (spl * bare_seconds)))
+    steps = spl * loops  # timed steps per engine run and per fit epoch
+    engine_config = config.replace(steps_per_loop=spl, train_steps=spl * (loops + 1))
+    fit_epochs = 1 if quick else 2
+    candidates = [spe for spe in (1, 10, 100) if spe <= spl]
+    sweep = {spe: fit_rate(config, task_class, data, spe, steps, fit_epochs) for spe in candidates}
+    best_spe = max(sweep, key=sweep.get)
+
+    runs = {"engine": [], "fit best": [], "fit default": []}
+    for _ in range(1 if quick else 3):  # alternate, so drifts in machine load hit all alike
+        runs["engine"].append(train(engine_config.replace(
+            model_dir=tempfile.mkdtemp(prefix="bench_", dir=workdir)), out=open(os.devnull, "w")).train_examples_per_sec)
+        runs["fit best"].append(fit_rate(config, task_class, data, best_spe, steps, fit_epochs))
+        if best_spe != 1:
+            runs["fit default"].append(fit_rate(config, task_class, data, 1, steps, fit_epochs))
+    if best_spe == 1:
+        runs["fit default"] = runs["fit best"]
+    medians = {k: statistics.median(v) for k, v in runs.items()}
+    return dict(
+        model=name, batch=batch, parameters=parameters, gradient_bytes=gradient_bytes,
+        flops_per_example=flops / batch, bare=batch / bare_seconds, engine=medians["engine"],
+        fit_best=medians["fit best"], fit_default=medians["fit default"], best_spe=best_spe,
+        steps_per_loop=spl, repeats=len(runs["engine"]), runs=runs, sweep=sweep,
+        tokens_per_example=int(np.prod(labels.shape[1:])) if labels.shape.rank > 1 else 0,
+    )
+
+
+# ---------------------------------------------------------------- the parent: children, tables
+def peak_rss(name: str, workdir: str, steps_per_loop: int) -> int:
+    """Peak RSS (bytes) of `python run.py` training the model for 2 loops and evaluating once."""
+    config = config_for(name, workdir, quick=True)
+    wanted = dict(WORKLOADS[name].flags, dataset=config.dataset, global_batch=config.global_batch, seed=1,
+                  model_dir=config.model_dir, steps_per_loop=steps_per_loop, train_steps=2 * steps_per_loop,
+                  summaries="basic")
+    command = [sys.executable, os.path.join(REPO, "run.py"), "--noexport"] + [f"--{k}={v}" for k, v in wanted.items()]
+    code, rss, output = measure.run_peak_rss_bytes(command, cwd=REPO)
+    if code != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {code}:\n{output[-2000:]}")
+    return rss
+
+
+def child(name: str, workdir: str, quick: bool) -> dict:
+    """Runs one model's measurements in a fresh process; its result dict."""
+    command = [sys.executable, "-m", "benchmarks.models", f"--child={name}", f"--workdir={workdir}"]
+    if quick:
+        command.append("--quick")
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=3600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{name}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def rate(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def print_tables(results: list, peak: float) -> None:
+    print("\n1. engine against its ceiling and against model.fit (examples/s, medians; targets: "
+          "engine/bare >= 0.95, engine/fit best >= 1.0, mlp engine/fit default >= 1.3)")
+    print(f"   {'model':15s} {'batch':>5s} {'bare step':>10s} {'engine':>10s} {'/bare':>6s} "
+          f"{'fit spe=1':>10s} {'fit best':>10s} {'(spe)':>5s} {'/fit best':>9s} {'/fit spe=1':>10s}")
+    for r in results:
+        print(f"   {r['model']:15s} {r['batch']:>5d} {rate(r['bare']):>10s} {rate(r['engine']):>10s} "
+              f"{r['engine'] / r['bare']:>6.2f} {rate(r['fit_default']):>10s} {rate(r['fit_best']):>10s} "
+              f"{r['best_spe']:>5d} {r['engine'] / r['fit_best']:>9.2f} {r['engine'] / r['fit_default']:>10.2f}")
+    print(f"   (engine --steps_per_loop per model: "
+          + ", ".join(f"{r['model']} {r['steps_per_loop']}" for r in results) + f"; medians of "
+          f"{results[0]['repeats']}; every run: see --json)")
+
+    print(f"\n2. achieved FLOP/s against the float32 matmul peak ({peak / 1e9:,.1f} GFLOP/s) and memory")
+    print(f"   {'model':15s} {'parameters':>10s} {'MFLOP/example':>13s} {'engine GFLOP/s':>14s} "
+          f"{'of peak':>7s} {'bare of peak':>12s} {'peak RSS':>9s}")
+    for r in results:
+        achieved = r["engine"] * r["flops_per_example"]
+        print(f"   {r['model']:15s} {r['parameters']:>10,d} {r['flops_per_example'] / 1e6:>13,.2f} "
+              f"{achieved / 1e9:>14,.1f} {achieved / peak:>7.1%} {r['bare'] * r['flops_per_example'] / peak:>12.1%} "
+              f"{r['peak_rss'] / 2**20:>6,.0f} MiB")
+
+    print("\n3. at scale, on paper: gradient bytes all-reduced per step, the step time measured here "
+          "(per replica, whole batch), predicted efficiency t_step / (t_step + t_allreduce)")
+    print("   t_allreduce = 2(g-1)(a_in + S/(g B_in)) + 2(h-1)(a_net + S/(h B_net)); links: "
+          + "; ".join(link[0] for link in AT_SCALE_LINKS) + "; a_in 5 us, a_net 20 us")
+    header = "".join(f" {link[0][:24]:>24s}" for link in AT_SCALE_LINKS)
+    print(f"   {'model':15s} {'MB/step':>8s} {'step ms':>8s}{header}")
+    for r in results:
+        step_seconds = r["batch"] / r["engine"]
+        cells = []
+        for _, g, h, b_in, a_in, b_net, a_net in AT_SCALE_LINKS:
+            t = allreduce_seconds(r["gradient_bytes"], g, h, b_in, a_in, b_net, a_net)
+            cells.append(f"{step_seconds / (step_seconds + t):6.1%} (90% at {9 * t * 1e3:5.2f} ms)")
+        print(f"   {r['model']:15s} {r['gradient_bytes'] / 1e6:>8.2f} {step_seconds * 1e3:>8.1f}"
+              + "".join(f" {c:>24s}" for c in cells))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
+    parser.add_argument("--quick", action="store_true", help="fewer steps and repeats (a smoke run)")
+    parser.add_argument("--json", help="also write every result to this JSON file")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(measure_model(args.child, args.workdir, args.quick)), flush=True)
+        return
+    names = [n for n in args.models.split(",") if n]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}")
+
+    started = time.perf_counter()
+    print(f"device: {measure.device_description()}; TensorFlow {tf.__version__}, Keras {keras.__version__}")
+    peak = measure.matmul_peak_flops()
+    line = f"float32 matmul peak {peak / 1e9:,.1f} GFLOP/s"
+    if measure.gpus():
+        line += f"; bfloat16 {measure.matmul_peak_flops(tf.bfloat16) / 1e12:,.1f} TFLOP/s"
+    print(line)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench_models_") as workdir:
+        write_text(os.path.join(workdir, TEXT_FILE))
+        for name in names:
+            print(f"{name}: {WORKLOADS[name].note} ...", flush=True)
+            result = child(name, workdir, args.quick)
+            result["peak_rss"] = peak_rss(name, workdir, result["steps_per_loop"])
+            results.append(result)
+    print_tables(results, peak)
+    print(f"\n(whole benchmark {time.perf_counter() - started:,.0f} s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=measure.device_description(), peak=peak, results=results), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
