@@ -13,7 +13,9 @@ against run.py. Where it differs from run.py's job (by design: it is the usual t
     60,000 per epoch, and the last partial batch is kept (235 steps an epoch, run.py: 234);
   * it evaluates once, at the end (run.py: after each of the 3 epochs), writes no checkpoints,
     TensorBoard logs or exported model;
-  * Keras' defaults elsewhere: MirroredStrategy's own cross-device reduction, steps_per_execution=1.
+  * Keras' defaults elsewhere: MirroredStrategy's own cross-device reduction, steps_per_execution=1,
+    tf.data autotuning on (`--no_autotune` switches it off, as the engine does: see
+    engine/data/pipelines.py on the iterator deletions it can stall for seconds).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ def main() -> None:
     parser.add_argument("--shuffle_buffer", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--data_dir", default=DEBIAN_FASHION_MNIST_DIR)
+    parser.add_argument("--no_autotune", action="store_true",
+                        help="not textbook: switch tf.data autotuning off, as the engine does (also on the "
+                             "per-device datasets MirroredStrategy builds), to show what the exit delays cost")
     args = parser.parse_args()
 
     configure_cpu_replicas(args.replicas)  # tf.config.set_logical_device_configuration, before TF starts
@@ -54,6 +59,13 @@ def main() -> None:
     train = (tf.data.Dataset.from_tensor_slices((x_train, y_train.astype("int32")))
              .shuffle(args.shuffle_buffer, seed=args.seed).batch(args.global_batch).prefetch(tf.data.AUTOTUNE))
     test = tf.data.Dataset.from_tensor_slices((x_test, y_test.astype("int32"))).batch(args.global_batch)
+    if args.no_autotune:
+        from engine.data.pipelines import _device_datasets_without_autotune
+
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        train, test = train.with_options(options), test.with_options(options)
+        _device_datasets_without_autotune()
 
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(args.replicas)])
     print(f"replicas: {strategy.num_replicas_in_sync}", flush=True)

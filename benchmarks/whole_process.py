@@ -37,22 +37,24 @@ _FIT_DONE = re.compile(r"^test loss ([0-9.]+) +accuracy ([0-9.]+)")
 
 
 def run_process(argv, done_pattern, first_pattern=None, epoch_pattern=None):
-    """Runs `python argv...` in the repository root; returns {wall, first, epoch, result, accuracy,
-    loss} with times in seconds from the Popen call (process start) to the event: its exit (wall),
-    its first progress line, the end of its first epoch, the line with its test accuracy."""
+    """Runs `python argv...` in the repository root; returns {wall, first, epoch, epochs, result,
+    accuracy, loss} with times in seconds from the Popen call (process start) to the event: its exit
+    (wall), its first progress line, the end of its first epoch (of each epoch), the line with its
+    test accuracy."""
     environment = dict(os.environ, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
     process = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=environment, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    result = {"first": None, "epoch": None, "result": None, "accuracy": None, "loss": None}
+    result = {"first": None, "epoch": None, "epochs": [], "result": None, "accuracy": None, "loss": None}
     tail = []
     for line in process.stdout:
         now = time.perf_counter() - start
         tail = (tail + [line])[-30:]
         if first_pattern and result["first"] is None and first_pattern.search(line):
             result["first"] = now
-        if epoch_pattern and result["epoch"] is None and epoch_pattern(line):
-            result["epoch"] = now
+        if epoch_pattern and epoch_pattern(line):
+            result["epochs"].append(now)
+            result["epoch"] = result["epochs"][0]
         found = done_pattern.search(line)
         if found:
             result["loss"], result["accuracy"] = float(found.group(1)), float(found.group(2))
@@ -66,7 +68,7 @@ def run_process(argv, done_pattern, first_pattern=None, epoch_pattern=None):
 
 def _engine_epoch_done(line):
     found = _ENGINE_PROGRESS.search(line)
-    return bool(found) and float(found.group(1)) >= 1.0
+    return bool(found) and float(found.group(1)) >= 1.0 and float(found.group(1)).is_integer()
 
 
 def engine_run(epochs: int, seed: int) -> dict:
@@ -75,9 +77,13 @@ def engine_run(epochs: int, seed: int) -> dict:
                            _ENGINE_DONE, first_pattern=_ENGINE_PROGRESS, epoch_pattern=_engine_epoch_done)
 
 
-def fit_run(epochs: int, seed: int) -> dict:
-    return run_process([*FIT_COMMAND, f"--epochs={epochs}", f"--seed={seed}"], _FIT_DONE,
+def fit_run(epochs: int, seed: int, extra=()) -> dict:
+    return run_process([*FIT_COMMAND, f"--epochs={epochs}", f"--seed={seed}", *extra], _FIT_DONE,
                        epoch_pattern=_FIT_EPOCH.search)
+
+
+def _epoch_ends(run) -> str:
+    return "epochs end at " + ", ".join(f"{t:.1f}" for t in run["epochs"]) + " s"
 
 
 def _median(runs, key):
@@ -91,22 +97,24 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 run of each, 1 epoch")
+    parser.add_argument("--fit_flags", default="", help="extra flags for fit_program.py, e.g. --no_autotune")
     args = parser.parse_args()
+    fit_flags = args.fit_flags.split()
     runs, epochs = (1, 1) if args.quick else (args.runs, args.epochs)
 
     print(f"machine: {os.cpu_count()} CPU cores; {runs} run(s) of each, {epochs} epoch(s), seed {args.seed}")
     print(f"a: python {' '.join(README_COMMAND)} --epochs={epochs} --model_dir=<tmp> --seed={args.seed}")
-    print(f"b: python {' '.join(FIT_COMMAND)} --epochs={epochs} --seed={args.seed}\n")
+    print(f"b: python {' '.join(FIT_COMMAND)} --epochs={epochs} --seed={args.seed} {args.fit_flags}\n")
     engine, fit = [], []
     for i in range(runs):  # a, b, a, b, ...
         engine.append(engine_run(epochs, args.seed))
         r = engine[-1]
         print(f"run {i + 1} a: wall {r['wall']:6.2f} s  first loop {r['first']:5.2f} s  epoch 1 {r['epoch']:6.2f} s  "
-              f"result {r['result']:6.2f} s  test accuracy {r['accuracy']:.4f}", flush=True)
-        fit.append(fit_run(epochs, args.seed))
+              f"result {r['result']:6.2f} s  test accuracy {r['accuracy']:.4f}  {_epoch_ends(r)}", flush=True)
+        fit.append(fit_run(epochs, args.seed, fit_flags))
         r = fit[-1]
         print(f"run {i + 1} b: wall {r['wall']:6.2f} s  {'':17s}  epoch 1 {r['epoch']:6.2f} s  "
-              f"result {r['result']:6.2f} s  test accuracy {r['accuracy']:.4f}", flush=True)
+              f"result {r['result']:6.2f} s  test accuracy {r['accuracy']:.4f}  {_epoch_ends(r)}", flush=True)
 
     print(f"\nmedians of {runs} run(s), seconds from process start")
     print("                        a: run.py   b: fit program   a / b")
