@@ -208,7 +208,7 @@ def main() -> None:
 
     print("4. time to first step")
     first = seconds_to_first_loop()
-    print(f"   process start to the first finished loop: {first:.1f} s (target < 15 s)")
+    print(f"   process start to the first finished loop: {first:.1f} s (target < 8 s)")
 
 
 if __name__ == "__main__":
