@@ -42,6 +42,9 @@ import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# On GPUs: each process (this one, every model's child, run.py for the RSS) takes GPU memory as it
+# needs it, instead of the whole device at start-up, which would leave none to the next process.
+os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
