@@ -28,7 +28,7 @@ class Config:
     # Distribution.
     strategy: str = "default"
     cpu_replicas: int = 1
-    collective_timeout: float = 300.0  # seconds; multi-worker collectives fail after this.
+    collective_timeout: float = 300.0  # seconds before a missing multi-worker peer is an error.
     num_workers: int = 0  # > 0 without TF_CONFIG: start that many local workers.
     input_mode: str = "distribute_dataset"  # or "per_worker"
     # Data.

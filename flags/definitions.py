@@ -86,8 +86,9 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "on a machine without GPUs).", lower_bound=1, upper_bound=64, **f)
     absl_flags.DEFINE_float(
         "collective_timeout", 300.0,
-        "Seconds before a multi-worker collective (all-reduce) gives up, so a dead worker is an "
-        "error, not a hang.", lower_bound=1.0, **f)
+        "Seconds before a missing multi-worker peer is an error, not a hang: at start-up (the "
+        "cluster must form) and while training (a worker whose port stays unreachable).",
+        lower_bound=1.0, **f)
     absl_flags.DEFINE_integer(
         "num_workers", 0,
         "With --strategy=multi_worker_mirrored and no TF_CONFIG: start this many local worker "

@@ -9,8 +9,9 @@ The mirrored runs train long enough to show the old wait: an autotune thread sle
 11-17 s after it waited the 3-9 s to the next wake-up whenever the race was lost (most runs, with
 two or three such threads per process). So each run after the first trains about 13 s at the
 speed the one before it reported (the first: 1500 steps, about that at 7k examples/s). The
-two-worker runs are short: longer ones pile up thousands of TensorFlow "collective_ops" threads
-(a separate problem), whose teardown alone takes seconds.
+two-worker runs are short (they used to pile up thousands of sleeping collective threads, one per
+timed collective, whose teardown alone took seconds; since the engine's collectives carry no
+timeout the count stays flat: test_multi_worker.py::test_long_multi_worker_run_keeps_its_thread_count).
 """
 
 from __future__ import annotations

@@ -195,3 +195,34 @@ def test_two_workers_evaluate_every_streamed_example_once(tmp_path, shards):
         assert words[-2:] == ["(1001", "examples)"], words
         assert float(words[words.index("mean_id") + 1]) == pytest.approx(ids.mean(), abs=1e-3)
         assert float(words[words.index("mean_sq") + 1]) == pytest.approx(((ids - 1500.0) ** 2).mean(), rel=1e-5)
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line.split()[1] for line in f if line.startswith("Threads:")))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="counts threads in /proc")
+def test_long_multi_worker_run_keeps_its_thread_count(tmp_path):
+    # TensorFlow arms each collective that has a timeout with a thread sleeping for the whole
+    # timeout: with --collective_timeout=300 as a collective option, worker 0 grew by ~20 threads a
+    # step (2,000+ after 100 steps) and long runs died. The engine's collectives carry no timeout.
+    args = [*ARGS, "--train_steps=400", "--steps_per_loop=50", "--checkpoint_every=400", "--summaries=basic",
+            "--noexport", "--collective_timeout=300"]
+    processes = _start([[*args, f"--model_dir={tmp_path}"], [*args, f"--model_dir={tmp_path}"]])
+    most = 0
+    try:
+        deadline = time.monotonic() + 150
+        while processes[0].poll() is None and time.monotonic() < deadline:
+            try:
+                most = max(most, _threads(processes[0].pid))
+            except (OSError, StopIteration):
+                break
+            time.sleep(0.1)
+        codes, outputs = _finish(processes, timeout=60)
+    finally:
+        for process in processes:
+            process.kill()
+    assert codes == [0, 0], outputs[0][-3000:]
+    assert "step 400/400" in outputs[0]
+    assert 0 < most < 400, most
