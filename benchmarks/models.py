@@ -1,7 +1,7 @@
 """Every built-in model against its own ceiling and against Keras `model.fit`, and what that
 predicts beyond one machine.
 
-    python -m benchmarks.models                      # all five, about 25 minutes on 2 CPU cores
+    python -m benchmarks.models                      # all five, about 20 minutes on 2 CPU cores
     python -m benchmarks.models --models=mlp,cnn     # some of them
     python -m benchmarks.models --quick              # fewer steps and repeats (a smoke run)
 
@@ -98,7 +98,7 @@ def allreduce_seconds(size_bytes: float, gpus: int, hosts: int, intra_bw, intra_
     return seconds
 
 
-def config_for(name: str, workdir: str, quick: bool, **changes) -> Config:
+def config_for(name: str, workdir: str, **changes) -> Config:
     workload = WORKLOADS[name]
     flags = dict(workload.flags)
     if flags.get("task") == "language_model":
@@ -168,7 +168,7 @@ def unguarded_update():
 
 
 def measure_model(name: str, workdir: str, quick: bool) -> dict:
-    config = config_for(name, workdir, quick)
+    config = config_for(name, workdir)
     task_class, data, _ = build.load_data(config)
     batch = config.global_batch
     features, labels = next(iter(data.train_dataset(batch, seed=1)))
@@ -228,7 +228,7 @@ def measure_model(name: str, workdir: str, quick: bool) -> dict:
 # ---------------------------------------------------------------- the parent: children, tables
 def peak_rss(name: str, workdir: str, steps_per_loop: int) -> int:
     """Peak RSS (bytes) of `python run.py` training the model for 2 loops and evaluating once."""
-    config = config_for(name, workdir, quick=True)
+    config = config_for(name, workdir)
     wanted = dict(WORKLOADS[name].flags, dataset=config.dataset, global_batch=config.global_batch, seed=1,
                   model_dir=config.model_dir, steps_per_loop=steps_per_loop, train_steps=2 * steps_per_loop,
                   summaries="basic")
