@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -31,13 +27,12 @@ configure_cpu_replicas(2)  # before TensorFlow starts: the sweep compares 1 and 
 
 import keras  # noqa: E402
 
-from benchmarks import measure  # noqa: E402
+from benchmarks import measure, whole_process  # noqa: E402
 from engine.data import sources  # noqa: E402
 from engine.config import Config  # noqa: E402
 from engine.models.registry import build_model  # noqa: E402
 from engine.controller.trainer import train  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GLOBAL_BATCH = 256
 
 
@@ -130,18 +125,10 @@ def training_flops_per_example(model) -> float:
 def seconds_to_first_loop() -> float:
     """Process start to the first progress line of a fresh `python run.py` (imports included)."""
     with tempfile.TemporaryDirectory() as model_dir:
-        start = time.perf_counter()
-        process = subprocess.Popen(
-            [sys.executable, os.path.join(REPO, "run.py"), "--dataset=synthetic", "--train_steps=10",
-             "--steps_per_loop=10", f"--model_dir={model_dir}", "--seed=1", "--noexport"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
-        )
-        elapsed = None
-        for line in process.stdout:
-            if elapsed is None and re.match(r"epoch +[0-9.]+ +step", line):
-                elapsed = time.perf_counter() - start
-        process.wait(timeout=120)
-        return elapsed if elapsed is not None else float("nan")
+        run = whole_process.run_process(
+            ["run.py", "--dataset=synthetic", "--train_steps=10", "--steps_per_loop=10", f"--model_dir={model_dir}",
+             "--seed=1", "--noexport"], whole_process.ENGINE_DONE, first_pattern=whole_process.ENGINE_PROGRESS)
+    return run["first"]
 
 
 def main() -> None:

@@ -2,9 +2,9 @@
 `model.fit` program doing the same job (benchmarks/fit_program.py), each timed from process start
 to process exit, the figure a user feels.
 
-    flock /tmp/bench.lock python -m benchmarks.whole_process            # 3 runs of each, ~3 minutes on 2 cores
-    flock /tmp/bench.lock python -m benchmarks.whole_process --runs=5
-    python -m benchmarks.whole_process --quick                          # 1 epoch, 1 run of each (a smoke run)
+    python -m benchmarks.whole_process              # 3 runs of each, ~3 minutes on 2 cores
+    python -m benchmarks.whole_process --runs=5
+    python -m benchmarks.whole_process --quick      # 1 epoch, 1 run of each (a smoke run)
 
 Needs the Fashion-MNIST IDX files (Debian's dataset-fashion-mnist). The two programs alternate
 (a, b, a, b, ...) so drifts in machine load hit both alike; medians are reported, and ratios of
@@ -30,8 +30,8 @@ README_COMMAND = ["run.py", "--strategy=mirrored", "--cpu_replicas=2", "--global
                   "--dataset=fashion_mnist"]
 FIT_COMMAND = ["-m", "benchmarks.fit_program"]
 
-_ENGINE_PROGRESS = re.compile(r"epoch +([0-9.]+) +step")
-_ENGINE_DONE = re.compile(r"^done +test loss ([0-9.]+) +accuracy ([0-9.]+)")
+ENGINE_PROGRESS = re.compile(r"epoch +([0-9.]+) +step")
+ENGINE_DONE = re.compile(r"^done +test loss ([0-9.]+) +accuracy ([0-9.]+)")
 _FIT_EPOCH = re.compile(r"^\d+/\d+ - ")  # Keras' verbose=2 line at the end of an epoch
 _FIT_DONE = re.compile(r"^test loss ([0-9.]+) +accuracy ([0-9.]+)")
 
@@ -67,14 +67,14 @@ def run_process(argv, done_pattern, first_pattern=None, epoch_pattern=None):
 
 
 def _engine_epoch_done(line):
-    found = _ENGINE_PROGRESS.search(line)
+    found = ENGINE_PROGRESS.search(line)
     return bool(found) and float(found.group(1)) >= 1.0 and float(found.group(1)).is_integer()
 
 
 def engine_run(epochs: int, seed: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="whole_process_") as model_dir:
         return run_process([*README_COMMAND, f"--epochs={epochs}", f"--model_dir={model_dir}", f"--seed={seed}"],
-                           _ENGINE_DONE, first_pattern=_ENGINE_PROGRESS, epoch_pattern=_engine_epoch_done)
+                           ENGINE_DONE, first_pattern=ENGINE_PROGRESS, epoch_pattern=_engine_epoch_done)
 
 
 def fit_run(epochs: int, seed: int, extra=()) -> dict:
