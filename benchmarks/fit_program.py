@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import tensorflow as tf  # noqa: E402
 
 from engine.data.readers import read_idx_split  # noqa: E402
-from engine.data.sources import DEBIAN_FASHION_MNIST_DIR  # noqa: E402
+from engine.data.builtin import DEBIAN_FASHION_MNIST_DIR  # noqa: E402
 from engine.distribute.strategy import configure_cpu_replicas  # noqa: E402
 from engine.models.classifiers import seed_cnn  # noqa: E402
 

@@ -26,15 +26,15 @@ import tensorflow as tf  # noqa: E402
 
 from engine.config import Config  # noqa: E402
 from engine.controller.trainer import train  # noqa: E402
-from engine.data import sources, tfrecord  # noqa: E402
+from engine.data import builtin, sources, tfrecord  # noqa: E402
 
 GLOBAL_BATCH = 256
 
 
 def write_all(directory: str, count: int) -> dict:
     """{kind: --dataset value} for the same examples as npz, PNG folders and TFRecords."""
-    x, y = sources.synthetic_arrays(count, seed=1, shape=(32, 32, 3))
-    xt, yt = sources.synthetic_arrays(1000, seed=2, shape=(32, 32, 3))
+    x, y = builtin.synthetic_arrays(count, seed=1, shape=(32, 32, 3))
+    xt, yt = builtin.synthetic_arrays(1000, seed=2, shape=(32, 32, 3))
     np.savez(os.path.join(directory, "data.npz"), x_train=x, y_train=y, x_test=xt, y_test=yt)
     for split, images, labels in (("train", x, y), ("test", xt, yt)):
         for i, (image, label) in enumerate(zip(images, labels)):

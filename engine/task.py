@@ -105,6 +105,19 @@ class Task:
         never augmented. Return (features, label) with the same shapes and dtypes."""
         return features, label
 
+    def example_augmentation(self, seed: int):
+        """(features, label, stream position) -> augmented example, for the training pipeline; None
+        when this Task does not override `augment_example` (the pipeline then maps nothing). Its seed
+        [run seed, position] differs per example and per epoch (a position is never reused) and
+        repeats with --seed and after a resume."""
+        if type(self).augment_example is Task.augment_example:
+            return None
+
+        def augment(features, label, position):
+            return self.augment_example(features, label, tf.stack([tf.constant(seed, tf.int64), position]))
+
+        return augment
+
     # ---- replica context ----
     def per_example_loss(self, labels, outputs):
         # float32 even when a mixed-precision model's last layer computes in float16/bfloat16.

@@ -21,7 +21,7 @@ import tensorflow as tf
 from conftest import exported_weights, max_difference_by_name, run_cli, small_config
 from engine.controller.state import create_state
 from engine.controller.trainer import train
-from engine.data.sources import synthetic_arrays
+from engine.data.builtin import synthetic_arrays
 from engine.distribute.strategy import build_strategy
 from engine.loop import make_train_loop
 from engine.randomness import per_replica_randomness

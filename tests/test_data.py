@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from engine.data import arrays, pipelines, sources
+from engine.data import arrays, builtin, pipelines, sources
 from engine.data import readers
 from engine.config import Config
 from engine.errors import UserError
@@ -79,8 +79,8 @@ def test_mnist_npz_from_data_dir(tmp_path):
 
 
 def test_synthetic_is_deterministic_and_label_dependent():
-    a_images, a_labels = sources.synthetic_arrays(500, seed=3)
-    b_images, b_labels = sources.synthetic_arrays(500, seed=3)
+    a_images, a_labels = builtin.synthetic_arrays(500, seed=3)
+    b_images, b_labels = builtin.synthetic_arrays(500, seed=3)
     np.testing.assert_array_equal(a_images, b_images)
     np.testing.assert_array_equal(a_labels, b_labels)
     # The class means differ far more than the noise would by chance: the pixels carry the label.
@@ -111,7 +111,7 @@ def test_train_pipeline_epochs_shuffles_and_skips():
 
 
 def test_eval_pipeline_keeps_the_partial_batch():
-    images, labels = sources.synthetic_arrays(37, seed=1)
+    images, labels = builtin.synthetic_arrays(37, seed=1)
     sizes = [int(l.shape[0]) for _, l in arrays.eval_dataset(images, labels, global_batch=16)]
     assert sizes == [16, 16, 5]
 

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import TEST_TASKS, small_config
-from engine.data.sources import synthetic_arrays
+from engine.data.builtin import synthetic_arrays
 from engine.errors import UserError
 from engine.loop import make_eval_loop, make_train_loop
 from engine.controller.state import build_task

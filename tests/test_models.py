@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import TEST_TASKS, exported_by_name, max_difference_by_name, run_cli, trained_by_name
-from engine.data.sources import synthetic_arrays
+from engine.data.builtin import synthetic_arrays
 from engine.models.registry import build_model
 from engine.distribute.strategy import build_strategy
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from conftest import run_cli
-from engine.data.sources import DEBIAN_FASHION_MNIST_DIR
+from engine.data.builtin import DEBIAN_FASHION_MNIST_DIR
 
 pytestmark = pytest.mark.skipif(
     not os.path.isdir(DEBIAN_FASHION_MNIST_DIR),

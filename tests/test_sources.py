@@ -12,8 +12,7 @@ import tensorflow as tf
 from conftest import small_config
 from engine.config import Config
 from engine.controller.trainer import train
-from engine.data import sources, tfrecord
-from engine.data.pipelines import example_augmentation
+from engine.data import builtin, sources, tfrecord
 from engine.distribute.strategy import build_strategy
 from engine.errors import UserError
 from engine.loop import make_eval_loop
@@ -77,8 +76,8 @@ def test_synthetic_shape_and_classes():
 
 
 def test_colour_npz_trains_end_to_end(tmp_path):
-    x, y = sources.synthetic_arrays(512, seed=1, shape=(16, 16, 3))
-    xt, yt = sources.synthetic_arrays(101, seed=2, shape=(16, 16, 3))
+    x, y = builtin.synthetic_arrays(512, seed=1, shape=(16, 16, 3))
+    xt, yt = builtin.synthetic_arrays(101, seed=2, shape=(16, 16, 3))
     path = write_npz(tmp_path / "c.npz", x, y, xt, yt)
     result = train(small_config(tmp_path / "run", dataset=f"npz:{path}", train_steps=4, steps_per_loop=2), out=QUIET)
     assert result.final_step == 4 and np.isfinite(result.eval_metrics["loss"])
@@ -86,7 +85,7 @@ def test_colour_npz_trains_end_to_end(tmp_path):
 
 # ---- TFRecord streams ----
 def test_tfrecord_default_schema_round_trip(tmp_path):
-    images, labels = sources.synthetic_arrays(30, seed=1, shape=(8, 8, 3))
+    images, labels = builtin.synthetic_arrays(30, seed=1, shape=(8, 8, 3))
     tfrecord.write_shards(str(tmp_path), "train", images, labels, 3)
     source = tfrecord.load(f"{tmp_path}/train-*.tfrecord", Config(dataset="tfrecord:x"))
     assert source.num_train == 30 and source.num_test == 30 and source.spec.num_classes == int(labels.max()) + 1
@@ -144,8 +143,8 @@ def write_png_folders(directory, split, x, y):
 
 def dataset_of_kind(tmp_path, kind) -> str:
     """The same 640 train / 64 test 12x12 grey images as an npz, TFRecords or PNG folders."""
-    x, y = sources.synthetic_arrays(640, seed=1, shape=(12, 12, 1))
-    xt, yt = sources.synthetic_arrays(64, seed=2, shape=(12, 12, 1))
+    x, y = builtin.synthetic_arrays(640, seed=1, shape=(12, 12, 1))
+    xt, yt = builtin.synthetic_arrays(64, seed=2, shape=(12, 12, 1))
     if kind == "npz":
         return "npz:" + write_npz(tmp_path / "d.npz", x, y, xt, yt)
     if kind == "tfrecord":
@@ -198,14 +197,14 @@ def test_augmentation_seeds_differ_per_example_and_epoch_and_repeat(tmp_path):
     context = tf.distribute.InputContext(1, 0, 1)
 
     def signs(seed):
-        fn = source.train_dataset_fn(32, seed, augment=example_augmentation(task, seed))
+        fn = source.train_dataset_fn(32, seed, augment=task.example_augmentation(seed))
         return np.concatenate([np.sign(x.numpy()[:, 1]) for x, _ in fn(context).take(4)])
 
     first = signs(1)
     assert 0.2 < (first < 0).mean() < 0.8  # some examples flipped, some not
     np.testing.assert_array_equal(first, signs(1))  # repeats with the seed
     assert not np.array_equal(first, signs(2))
-    assert example_augmentation(Task(small_config("/unused"), spec=source.spec), 1) is None  # no hook: no map
+    assert Task(small_config("/unused"), spec=source.spec).example_augmentation(1) is None  # no hook: no map
 
 
 # ---- bad input: one clear error each ----

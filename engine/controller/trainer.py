@@ -139,8 +139,9 @@ class _Run:
         self.monitor = Monitor(config, self.writers, task, self.data, is_chief=self.placement.is_chief)
         if self.start_step == 0:
             self.monitor.at_start(report.config_markdown(config, self.run_facts), self.run_facts)
-        self.train_data = pipelines.distributed_train_data(strategy, self.data, config, task, task.seed,
-                                                          skip_batches=self.start_step)
+        self.train_data = pipelines.distributed_train_data(
+            strategy, self.data, config, task.seed, skip_batches=self.start_step,
+            augment=task.example_augmentation(task.seed))
         self.eval_data = pipelines.distributed_eval_data(strategy, self.data, config)
         self.train_loop = make_train_loop(
             strategy, task, self.state.global_step, accum_steps=config.grad_accum_steps,

@@ -15,23 +15,11 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from engine.data.formats import normalise_features, normalise_labels, with_options
 from engine.data.spec import DataSpec
 from engine.errors import UserError
 
 MAX_IN_MEMORY_BYTES = 1 << 30  # the GraphDef limit is 2 GB; train + test arrays stay well under it
-
-
-def normalise_features(x, batched: bool = True):
-    """uint8 -> float32 in [0, 1] (images; (H, W) grey images gain a channel axis), other floats
-    -> float32, other integers -> int32 (e.g. token ids)."""
-    if x.dtype == tf.uint8:
-        x = tf.cast(x, tf.float32) / 255.0
-        return x[..., tf.newaxis] if x.shape.rank == 2 + batched else x
-    return tf.cast(x, tf.float32 if x.dtype.is_floating else tf.int32)
-
-
-def normalise_labels(y):
-    return tf.cast(y, tf.float32 if y.dtype.is_floating else tf.int32)
 
 
 def _normalise(x, y):
@@ -127,18 +115,6 @@ def _check_label_range(where, y_train, y_test, num_classes, pad_label=None) -> N
         if low < 0 or high >= num_classes:
             raise UserError(f"{where}: {split} labels range over [{low}, {high}], expected "
                             f"[0, {num_classes - 1}] (--num_classes={num_classes})")
-
-
-def with_options(dataset: tf.data.Dataset, deterministic: bool = True,
-                 policy=tf.data.experimental.AutoShardPolicy.DATA) -> tf.data.Dataset:
-    """The engine's options for every pipeline it builds: deterministic order, the auto-shard
-    policy, and no tf.data autotuning (see engine/data/pipelines.py: deleting an autotuned iterator
-    could block the process's exit for up to a minute)."""
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = policy
-    options.deterministic = deterministic
-    options.autotune.enabled = False
-    return dataset.with_options(options)
 
 
 def _index_batches(num_examples: int, global_batch: int, seed: int | None, skip_batches: int):

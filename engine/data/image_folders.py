@@ -44,6 +44,7 @@ import numpy as np
 import tensorflow as tf
 
 from engine.data import streams
+from engine.data.formats import parse_shape
 from engine.data.spec import DataSpec
 from engine.errors import UserError
 
@@ -148,8 +149,6 @@ def parse_image_size(text: str) -> tuple | None:
     """--image_size "H,W" -> (H, W) pixels; "" -> None (keep the files' own size)."""
     if not text:
         return None
-    from engine.data.sources import parse_shape
-
     size = parse_shape(text, "image_size")
     if len(size) != 2:
         raise UserError(f"--image_size={text!r}: expected HEIGHT,WIDTH in pixels, e.g. 64,64")

@@ -6,7 +6,7 @@ batches split by `strategy.experimental_distribute_dataset`, or per-worker pipel
 Streamed sources (engine/data/streams.py) always build one pipeline per worker with
 `distribute_datasets_from_function`, sharded by file or by record.
 
-No tf.data autotuning, in the engine's pipelines (`arrays.with_options`) nor on the per-device
+No tf.data autotuning, in the engine's pipelines (`formats.with_options`) nor on the per-device
 datasets TensorFlow builds to distribute them: deleting an iterator of an autotuned dataset could
 block for up to a minute. Its autotune thread sleeps between optimisations (periods 10 ms doubling
 up to 60 s), and the iterator's destructor wakes it and waits for it; TF 2.21's CancellationManager
@@ -22,21 +22,6 @@ import tensorflow as tf
 
 from engine.config import INPUT_MODES
 from engine.errors import UserError
-
-
-def example_augmentation(task, seed: int):
-    """(features, label, stream position) -> augmented example, or None when the Task has no
-    `augment_example`. Its seed [run seed, position] differs per example and per epoch (a position
-    is never reused) and repeats with --seed and after a resume."""
-    from engine.task import Task
-
-    if type(task).augment_example is Task.augment_example:
-        return None
-
-    def augment(features, label, position):
-        return task.augment_example(features, label, tf.stack([tf.constant(seed, tf.int64), position]))
-
-    return augment
 
 
 def _device_datasets_without_autotune() -> None:
@@ -61,10 +46,10 @@ def _device_datasets_without_autotune() -> None:
     multi_device_iterator_ops._create_device_dataset = create_without_autotune
 
 
-def distributed_train_data(strategy, source, config, task, seed: int, skip_batches: int):
-    """The endless training stream split across replicas."""
+def distributed_train_data(strategy, source, config, seed: int, skip_batches: int, augment=None):
+    """The endless training stream split across replicas. `augment`: the Task's per-example
+    augmentation (`Task.example_augmentation(seed)`), or None."""
     _device_datasets_without_autotune()
-    augment = example_augmentation(task, seed)
     if source.streamed:
         return strategy.distribute_datasets_from_function(
             source.train_dataset_fn(config.global_batch, seed, skip_batches, augment))

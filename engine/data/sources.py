@@ -7,7 +7,7 @@ Built-in names (in memory): mnist, fashion_mnist, synthetic. Sources with an arg
                                     or DIR/<class>/ with --validation_split; streamed, resized with
                                     --image_size (also tfrecord: images) (engine/data/image_folders.py)
   tfds:NAME[:CONFIG]                a TensorFlow Datasets builder prepared under --data_dir, streamed
-                                    (engine/data/tfds_source.py; the optional extra ".[tfds]")
+                                    (engine/data/tfds_source.py; tensorflow-datasets imported only then)
   text:PATH                         UTF-8 text (a file, a directory or a glob of files) as windows of
                                     --seq_len byte tokens and their next bytes, in memory (engine/data/text.py)
 A source is an `ArraySource` (engine/data/arrays.py) or a `StreamSource` (engine/data/streams.py):
@@ -18,17 +18,10 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from engine.config import DATASETS
-from engine.data import readers
-from engine.data.arrays import ArraySource
+from engine.data import builtin, image_folders, text, tfds_source, tfrecord
+from engine.data.task_data import TaskSource
 from engine.errors import UserError
-
-DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
-
-
-SOURCE_KINDS = ("npz", "tfrecord", "images", "tfds", "text")  # --dataset=KIND:ARGUMENT
 
 # Flags only some sources read: --dataset kinds -> what they apply to.
 IMAGE_OPTIONS = {"image_size": ("images", "tfrecord"), "validation_split": ("images",)}
@@ -39,9 +32,22 @@ def load_for_task(config, task_class):
     own = task_class.datasets(config)
     if own is None:
         return load(config, parse_example=task_class.parse_example)
-    from engine.data.task_data import TaskSource
-
     return TaskSource(task_class.__name__, own)
+
+
+# --dataset=NAME: the built-in in-memory sets (engine/data/builtin.py), by name.
+BUILTIN = {"mnist": builtin.load_mnist, "fashion_mnist": builtin.load_fashion_mnist,
+           "synthetic": builtin.load_synthetic}
+assert tuple(BUILTIN) == DATASETS, "engine/config.py DATASETS and BUILTIN must name the same sets"
+
+# --dataset=KIND:ARGUMENT -> loader(argument, config, parse_example), each in its own module.
+SOURCE_KINDS = {
+    "npz": lambda argument, config, parse_example: builtin.load_npz(argument, config),
+    "tfrecord": tfrecord.load,
+    "images": lambda argument, config, parse_example: image_folders.load(argument, config),
+    "tfds": lambda argument, config, parse_example: tfds_source.load(argument, config),
+    "text": lambda argument, config, parse_example: text.load(argument, config),
+}
 
 
 def load(config, parse_example=None):
@@ -51,32 +57,15 @@ def load(config, parse_example=None):
         raise UserError(f"--data_dir={config.data_dir} is not a directory")
     _check_image_options(config, kind if colon else None)
     if not colon:
-        if kind not in DATASETS:
+        if kind not in BUILTIN:
             raise UserError(f"unknown --dataset={config.dataset!r}; valid: {', '.join(DATASETS)}, or "
                             f"{', '.join(k + ':...' for k in SOURCE_KINDS)}")
-        loader = {"mnist": _load_mnist, "fashion_mnist": _load_fashion_mnist, "synthetic": _load_synthetic}
-        source = loader[kind](config)
+        source = BUILTIN[kind](config)
     elif kind not in SOURCE_KINDS or not argument:
         raise UserError(f"--dataset={config.dataset!r}: expected one of {', '.join(DATASETS)} or "
                         "npz:PATH, tfrecord:TRAIN_GLOB[,TEST_GLOB], images:DIR, tfds:NAME[:CONFIG], text:PATH")
-    elif kind == "npz":
-        source = _load_npz(argument, config)
-    elif kind == "images":
-        from engine.data import image_folders
-
-        source = image_folders.load(argument, config)
-    elif kind == "tfds":
-        from engine.data import tfds_source  # imports tensorflow_datasets (optional) only for tfds:
-
-        source = tfds_source.load(argument, config)
-    elif kind == "text":
-        from engine.data import text
-
-        source = text.load(argument, config)
     else:
-        from engine.data import tfrecord
-
-        source = tfrecord.load(argument, config, parse_example)
+        source = SOURCE_KINDS[kind](argument, config, parse_example)
     _check_options(config, source)
     return source
 
@@ -95,142 +84,3 @@ def _check_options(config, source) -> None:
     if config.num_classes and source.spec.num_classes not in (None, config.num_classes):
         raise UserError(f"--num_classes={config.num_classes} but {source.where} has "
                         f"{source.spec.num_classes} classes")
-
-
-def _load_npz(path: str, config) -> ArraySource:
-    arrays = readers.read_npz(path)
-    return ArraySource(f"npz:{path}", path, arrays["x_train"], arrays["y_train"], arrays["x_test"],
-                       arrays["y_test"], num_classes=config.num_classes or None)
-
-
-def _from_idx_dir(name: str, directory: str) -> ArraySource:
-    train = readers.read_idx_split(directory, "train")
-    test = readers.read_idx_split(directory, "test")
-    return _ten_classes(name, directory, *train, *test)
-
-
-def _ten_classes(name, where, x_train, y_train, x_test, y_test) -> ArraySource:
-    """MNIST-shaped data: (N, 28, 28) uint8 images, labels in [0, 10)."""
-    for split, x in (("train", x_train), ("test", x_test)):
-        if x.ndim != 3:
-            raise UserError(f"{where}: {split} images have shape {x.shape}, expected (N, height, width)")
-    return ArraySource(name, where, x_train, y_train, x_test, y_test, num_classes=10)
-
-
-def _from_npz(name: str, path: str) -> ArraySource:
-    arrays = readers.read_npz(path, what="a Keras mnist.npz")
-    return _ten_classes(name, path, arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"])
-
-
-def _keras_cache_dir() -> str:
-    return os.path.join(os.environ.get("KERAS_HOME", os.path.expanduser("~/.keras")), "datasets")
-
-
-def _keras_download(name: str, config) -> ArraySource:
-    """Keras' own download; with no network, a UserError naming the files and the alternatives."""
-    import keras
-
-    try:
-        module = keras.datasets.mnist if name == "mnist" else keras.datasets.fashion_mnist
-        (x_train, y_train), (x_test, y_test) = module.load_data()
-    except Exception as err:  # Keras raises bare Exceptions for network failures.
-        files = "mnist.npz" if name == "mnist" else "train-images-idx3-ubyte.gz and the 3 other IDX files"
-        raise UserError(
-            f"--dataset={name}: no local files and the Keras download failed "
-            f"({type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}); "
-            f"place {files} in --data_dir (or {_keras_cache_dir()}), "
-            "or use --dataset=fashion_mnist (Debian package dataset-fashion-mnist) or --dataset=synthetic"
-        ) from None
-    return _ten_classes(name, "keras download", x_train, y_train, x_test, y_test)
-
-
-def _load_local(name: str, directories, npz_name: str | None) -> ArraySource | None:
-    for directory in directories:
-        if directory is None:
-            continue
-        if npz_name and os.path.isfile(os.path.join(directory, npz_name)):
-            return _from_npz(name, os.path.join(directory, npz_name))
-        if readers.has_idx_files(directory):
-            return _from_idx_dir(name, directory)
-    return None
-
-
-def _load_mnist(config) -> ArraySource:
-    if config.data_dir is not None:
-        data = _load_local("mnist", [config.data_dir], "mnist.npz")
-        if data is None:
-            raise UserError(
-                f"--data_dir={config.data_dir} holds neither mnist.npz nor the 4 MNIST IDX files "
-                "(train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, "
-                "t10k-labels-idx1-ubyte.gz)"
-            )
-        return data
-    return _load_local("mnist", [_keras_cache_dir()], "mnist.npz") or _keras_download("mnist", config)
-
-
-def _load_fashion_mnist(config) -> ArraySource:
-    if config.data_dir is not None:
-        data = _load_local("fashion_mnist", [config.data_dir], None)
-        if data is None:
-            raise UserError(
-                f"--data_dir={config.data_dir} lacks the 4 Fashion-MNIST IDX files "
-                "(train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, "
-                "t10k-labels-idx1-ubyte.gz)"
-            )
-        return data
-    local = _load_local("fashion_mnist", [DEBIAN_FASHION_MNIST_DIR], None)
-    return local or _keras_download("fashion_mnist", config)
-
-
-def synthetic_arrays(num_examples: int, seed: int, num_classes: int = 10, shape=(28, 28)):
-    """uint8 examples of `shape` whose label is decided by their values (learnable), deterministic.
-
-    Each class has a fixed random template of bright blobs; an example is its class's template,
-    shifted by up to 2 places along its first two axes, plus strong noise, so a model needs a few
-    hundred steps. (28, 28) gives MNIST-shaped grey images; (32, 32, 3) colour ones.
-
-    Built SYNTHETIC_CHUNK examples at a time (the same random stream, so the same bytes as one
-    pass): one pass over 60,000 28x28 images made a 376 MB float64 noise array and a 188 MB float32
-    one, and faulting those pages in cost about as much as drawing the noise (1-1.5 s of a fresh
-    process's start-up, measured with `python run.py --dataset=synthetic`).
-    """
-    shape = tuple(shape)
-    templates = np.random.default_rng(20240601).random((num_classes, *shape)) > 0.85
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, num_classes, size=num_examples).astype(np.uint8)
-    axes = tuple(range(1, min(len(shape), 2) + 1))
-    shifts = rng.integers(-2, 3, size=(num_examples, 2))
-    if len(axes) == 1:
-        shifts[:, 1] = 0
-    # bright[5 * (dy + 2) + (dx + 2), label]: the label's template shifted by (dy, dx), as 0 or 120.
-    bright = np.stack([np.roll(templates, (dy, dx)[:len(axes)], axis=axes)
-                       for dy in range(-2, 3) for dx in range(-2, 3)]).astype(np.float32) * np.float32(120.0)
-    shift_index = 5 * (shifts[:, 0] + 2) + (shifts[:, 1] + 2)
-    images = np.empty((num_examples, *shape), dtype=np.uint8)
-    for start in range(0, num_examples, SYNTHETIC_CHUNK):
-        stop = min(start + SYNTHETIC_CHUNK, num_examples)
-        part = bright[shift_index[start:stop], labels[start:stop]]
-        part += rng.normal(40.0, 60.0, size=part.shape).astype(np.float32)
-        images[start:stop] = np.clip(part, 0, 255)
-    return images, labels
-
-
-SYNTHETIC_CHUNK = 2048  # examples per pass of synthetic_arrays (6.4 MB of float64 noise at 28x28)
-
-
-def parse_shape(text: str, flag: str) -> tuple:
-    try:
-        shape = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        shape = ()
-    if not shape or min(shape) < 1:
-        raise UserError(f"--{flag}={text!r}: expected positive integers separated by commas, e.g. 32,32,3")
-    return shape
-
-
-def _load_synthetic(config) -> ArraySource:
-    classes = config.num_classes or 10
-    shape = parse_shape(config.synthetic_shape, "synthetic_shape")
-    train = synthetic_arrays(config.synthetic_train_examples, seed=1, num_classes=classes, shape=shape)
-    test = synthetic_arrays(config.synthetic_test_examples, seed=2, num_classes=classes, shape=shape)
-    return ArraySource("synthetic", "synthetic (generated in memory)", *train, *test, num_classes=classes)

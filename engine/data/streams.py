@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from engine.data.arrays import with_options
+from engine.data.formats import with_options
 from engine.errors import UserError
 
 DEFAULT_SHUFFLE_BUFFER = 10_000

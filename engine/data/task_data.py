@@ -28,7 +28,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from engine.data.arrays import with_options
+from engine.data.formats import with_options
 from engine.data.spec import DataSpec
 from engine.errors import UserError
 

@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from engine.data import image_folders, streams
-from engine.data.arrays import normalise_features, normalise_labels
+from engine.data.formats import normalise_features, normalise_labels
 from engine.data.spec import DataSpec
 from engine.errors import UserError
 

@@ -1,0 +1,49 @@
+"""Shape and format helpers every source shares (a leaf module: TensorFlow and errors only).
+
+  normalise_features / normalise_labels   the engine's one normalisation of raw examples
+  parse_shape                             "32,32,3" -> (32, 32, 3), with a one-line error
+  with_options                            the tf.data options of every pipeline the engine builds
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from engine.errors import UserError
+
+
+def normalise_features(x, batched: bool = True):
+    """uint8 -> float32 in [0, 1] (images; (H, W) grey images gain a channel axis), other floats
+    -> float32, other integers -> int32 (e.g. token ids)."""
+    if x.dtype == tf.uint8:
+        x = tf.cast(x, tf.float32) / 255.0
+        return x[..., tf.newaxis] if x.shape.rank == 2 + batched else x
+    return tf.cast(x, tf.float32 if x.dtype.is_floating else tf.int32)
+
+
+def normalise_labels(y):
+    """Integer labels -> int32 class ids; float labels -> float32 regression targets."""
+    return tf.cast(y, tf.float32 if y.dtype.is_floating else tf.int32)
+
+
+def parse_shape(text: str, flag: str) -> tuple:
+    """A flag's "A,B,C" -> (A, B, C) positive integers; anything else is a UserError naming --flag."""
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise UserError(f"--{flag}={text!r}: expected positive integers separated by commas, e.g. 32,32,3")
+    return shape
+
+
+def with_options(dataset: tf.data.Dataset, deterministic: bool = True,
+                 policy=tf.data.experimental.AutoShardPolicy.DATA) -> tf.data.Dataset:
+    """The engine's options for every pipeline it builds: deterministic order, the auto-shard
+    policy, and no tf.data autotuning (see engine/data/pipelines.py: deleting an autotuned iterator
+    could block the process's exit for up to a minute)."""
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = policy
+    options.deterministic = deterministic
+    options.autotune.enabled = False
+    return dataset.with_options(options)
