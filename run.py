@@ -28,7 +28,8 @@ from __future__ import annotations
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # keep TensorFlow's C++ start-up chatter out of the log
+if not os.environ.get("TF_CPP_MIN_LOG_LEVEL"):  # keep TensorFlow's C++ chatter out of the log
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # (start-up lines: engine/observe/startup_noise.py)
 
 from absl import app  # noqa: E402
 from absl import flags as absl_flags  # noqa: E402
@@ -43,7 +44,9 @@ absl_flags.adopt_module_key_flags(definitions)  # so `--help` lists them
 def main(argv) -> int:
     from absl import logging
 
-    logging.set_verbosity(logging.WARNING)
+    # TensorFlow's C++ INFO lines only when --verbosity=0 (absl's INFO) or more is asked for.
+    show_info = absl_flags.FLAGS["verbosity"].present and absl_flags.FLAGS.verbosity >= 0
+    logging.set_verbosity(logging.INFO if show_info else logging.WARNING)
     if len(argv) > 1:
         print(f"error: unexpected arguments {argv[1:]} (flags look like --name=value)", file=sys.stderr)
         return 2
@@ -51,6 +54,11 @@ def main(argv) -> int:
 
     try:
         config = engine_flags.config_from_flags()
+        from engine.observe.startup_noise import import_tensorflow
+
+        if show_info:
+            os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
+        import_tensorflow(show_info=show_info)
         if config.strategy == "multi_worker_mirrored" and config.num_workers and not os.environ.get("TF_CONFIG"):
             from engine.distribute.launch import launch
 

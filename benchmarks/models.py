@@ -24,7 +24,7 @@ on in-memory data, one replica, float32, global batch as in WORKLOADS:
     achieved FLOP/s against the device's float32 matmul peak.
   * the peak RSS of a whole `python run.py` process training the model (a user's figure).
 And from the parameter count and the measured step time: the bytes all-reduced per step and the
-predicted scaling efficiency at stated link bandwidths (AT_SCALE_LINKS; README "At scale").
+predicted scaling efficiency at stated link bandwidths (AT_SCALE_LINKS; docs/performance.md "At scale").
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ import tensorflow as tf  # noqa: E402
 from benchmarks import measure  # noqa: E402
 from engine import update  # noqa: E402
 from engine.config import Config  # noqa: E402
-from engine.controller import build  # noqa: E402
+from engine.controller import job  # noqa: E402
 from engine.controller.trainer import train  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -169,7 +169,7 @@ def unguarded_update():
 
 def measure_model(name: str, workdir: str, quick: bool) -> dict:
     config = config_for(name, workdir)
-    task_class, data, _ = build.load_data(config)
+    task_class, data, _ = job.load_data(config)
     batch = config.global_batch
     features, labels = next(iter(data.train_dataset(batch, seed=1)))
 

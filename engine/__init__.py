@@ -3,6 +3,9 @@
 Data flows one way: flags -> config -> distribute (strategy) -> data -> task -> loop -> update
 -> observe (TensorBoard, console) / controller (checkpoints).
 
+This docstring and each package's own are the module map (one line per module); BUILD.md says
+where to change what, docs/ how to use it.
+
 The core a researcher touches (replica context, inside compiled loops):
   task.py        the Task: build_model, build_optimizer, per_example_loss, train_step, eval_step
   losses.py      replica_loss: sum of per-example losses / GLOBAL batch (+ scaled regularisation)
@@ -16,8 +19,10 @@ Around it:
   tasks/       ready Tasks and `--task` resolution
   distribute/  strategy factory, TF_CONFIG, flag agreement, watchdog, launcher, preemption
   observe/     TensorBoard writers, monitor, images, hparams, console progress and report
-  controller/  the outer loop (trainer), schedule, state and checkpoints, run record
+  controller/  the outer loop (trainer), the evaluation job, job set-up, schedule, state and
+               checkpoints, run record, best checkpoint
   config.py, errors.py   the frozen run configuration and the errors a run stops with
+  refused_combinations.py  the flag combinations refused before training, one line each
   user_code.py  imports `package.module:NAME` / `path/file.py:NAME` for --task and --model
 """
 

@@ -23,7 +23,7 @@ import warnings
 
 import tensorflow as tf
 
-from engine import combinations, update
+from engine import refused_combinations, update
 from engine.errors import UserError
 
 # Iterating a distributed dataset inside tf.function makes tf.data warn about options it cannot
@@ -75,7 +75,7 @@ class _TrainStep:
         # A layer that all-reduces inside its call (synchronised batch norm) needs a merge_call,
         # which TensorFlow refuses inside a while_loop's body: such models run their micro-batches
         # unrolled in Python, each normalised by the statistics of that micro-batch on every replica.
-        self.unrolled = bool(combinations.cross_replica_layers(task.model))
+        self.unrolled = bool(refused_combinations.cross_replica_layers(task.model))
 
     def _compute_fn(self, batch):
         """The Task's step on one micro-batch -> (metrics, gradients handed over or [])."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 import os
@@ -14,6 +15,19 @@ from engine.config import INPUT_MODES, LR_SCHEDULES, METRIC_DIRECTIONS, MODES, P
 
 OPTIMIZERS = ("adam", "sgd")
 NONFINITE_ACTIONS = ("stop", "skip")
+
+# The headings of docs/flags.md (flags/reference.py): (heading, the first flag under it), in the
+# order define_flags declares them.
+SECTIONS = (
+    ("What this process does", "mode"),
+    ("Distribution", "strategy"),
+    ("Data", "dataset"),
+    ("Model, task, optimizer", "model"),
+    ("Schedule", "global_batch"),
+    ("Output", "model_dir"),
+    ("TensorBoard extras", "summaries"),
+    ("Reproducibility and compilation", "seed"),
+)
 
 
 def default_model_dir(dataset: str, model: str, strategy: str) -> str:
@@ -161,9 +175,11 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
     absl_flags.DEFINE_string(
         "task", "classification",
         "The step functions: a registered name (classification; label_smoothing, the worked example in "
-        "engine/tasks/label_smoothing.py), package.module:Class or "
+        "engine/tasks/label_smoothing.py; language_model, the byte-level Transformer for --dataset=text:PATH), "
+        "package.module:Class or "
         "path/to/file.py:Class (a subclass of engine.task.Task).", **f)
-    absl_flags.DEFINE_enum("optimizer", "adam", OPTIMIZERS, "Optimizer.", **f)
+    absl_flags.DEFINE_enum("optimizer", "adam", OPTIMIZERS, "The Keras optimizer of the model (engine/optimizers.py): adam (AdamW with --weight_decay) or "
+        "sgd (plain, no momentum).", **f)
     absl_flags.DEFINE_float(
         "learning_rate", None,
         "Learning rate (per optimizer update), a finite number > 0. Default: 0.001 for adam, 0.05 for sgd.", **f)
@@ -220,7 +236,8 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
     absl_flags.DEFINE_integer(
         "checkpoint_every", 0, "Save a checkpoint every this many steps; 0: at each epoch end. "
         "Always also at the end.", lower_bound=0, **f)
-    absl_flags.DEFINE_integer("keep_checkpoints", 3, "How many recent checkpoints to keep.", lower_bound=1, **f)
+    absl_flags.DEFINE_integer("keep_checkpoints", 3, "How many recent checkpoints of checkpoints/ to keep "
+                              "(older ones are deleted; best/ is separate).", lower_bound=1, **f)
     absl_flags.DEFINE_enum(
         "on_nonfinite", "stop", NONFINITE_ACTIONS,
         "A NaN or Inf loss or gradient (any replica): stop (end the run naming the step, exit 4, no "
@@ -231,7 +248,8 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "Directory for TensorBoard logs (train/, eval/), checkpoints (checkpoints/) and the exported "
         "model (export/model.keras). A directory holding a run resumes it from its latest "
         "checkpoint. Default: runs/<dataset>-<model>-<strategy>-<YYYYmmdd-HHMMSS> (a new run).", **f)
-    absl_flags.DEFINE_boolean("export", True, "Save the trained model in Keras format at the end.", **f)
+    absl_flags.DEFINE_boolean("export", True, "Save the trained model to "
+                              "<model_dir>/export/model.keras (keras.models.load_model) at the end; --noexport skips it.", **f)
     absl_flags.DEFINE_boolean(
         "allow_config_change", False,
         "Resume a --model_dir even though --model, --dataset, --global_batch, --task, --optimizer, "
@@ -278,23 +296,5 @@ def config_from_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> 
         raise UserError(
             "--evaluator needs --strategy=multi_worker_mirrored --num_workers=N (the local launcher); on a "
             "cluster give TF_CONFIG an 'evaluator' task instead")
-    return Config(
-        mode=v.mode, checkpoint=v.checkpoint, eval_timeout=v.eval_timeout, best_metric=v.best_metric,
-        evaluator=v.evaluator,
-        strategy=v.strategy, cpu_replicas=v.cpu_replicas, collective_timeout=v.collective_timeout,
-        num_workers=v.num_workers, input_mode=v.input_mode,
-        dataset=v.dataset, data_dir=v.data_dir, synthetic_train_examples=v.synthetic_train_examples,
-        synthetic_test_examples=v.synthetic_test_examples, synthetic_shape=v.synthetic_shape,
-        num_classes=v.num_classes, shuffle_buffer=v.shuffle_buffer, cache=v.cache, image_size=v.image_size,
-        validation_split=v.validation_split, seq_len=v.seq_len, model=v.model, task=v.task,
-        optimizer=v.optimizer, learning_rate=v.learning_rate, lr_schedule=v.lr_schedule,
-        warmup_steps=v.warmup_steps, weight_decay=v.weight_decay, clip_norm=v.clip_norm,
-        precision=v.precision, grad_accum_steps=v.grad_accum_steps, global_batch=v.global_batch,
-        epochs=v.epochs, train_steps=v.train_steps, steps_per_loop=v.steps_per_loop,
-        eval_every=v.eval_every, checkpoint_every=v.checkpoint_every,
-        keep_checkpoints=v.keep_checkpoints, on_nonfinite=v.on_nonfinite,
-        allow_config_change=v.allow_config_change, model_dir=model_dir, export=v.export, seed=v.seed,
-        summaries=v.summaries, histogram_every=v.histogram_every, trace_graph=v.trace_graph,
-        profile_steps=v.profile_steps,
-        deterministic=v.deterministic, jit_compile=v.jit_compile,
-    )
+    values = {field.name: getattr(v, field.name) for field in dataclasses.fields(Config)}
+    return Config(**{**values, "model_dir": model_dir})

@@ -1,146 +1,49 @@
 """Test set-up: two logical CPU devices for the whole test process (before TensorFlow starts),
-so in-process tests can compare 1 and 2 replicas; helpers shared by the tests."""
+so in-process tests can compare 1 and 2 replicas. Shared helpers live in tests/helpers.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import subprocess
-import sys
-import threading
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from engine.config import Config  # noqa: E402
 from engine.distribute.strategy import configure_cpu_replicas  # noqa: E402
 
 configure_cpu_replicas(2)
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TEST_TASKS = os.path.join(REPO, "tests", "tasks.py")
-
-
-def small_config(model_dir, **overrides) -> Config:
-    """A fast run: synthetic data, few steps, fixed seed."""
-    settings = dict(
-        dataset="synthetic", synthetic_train_examples=1024, synthetic_test_examples=300,
-        global_batch=64, train_steps=6, steps_per_loop=3, seed=7, model_dir=str(model_dir),
-        export=False,
-    )
-    settings.update(overrides)
-    return Config(**settings)
-
-
-def exported_weights(model_dir) -> list:
-    model = keras.models.load_model(os.path.join(str(model_dir), "export", "model.keras"))
-    return [w.numpy() if hasattr(w, "numpy") else np.asarray(w) for w in model.weights]
-
-
-def exported_by_name(model_dir) -> dict:
-    """{weight path: array} of model_dir/export/model.keras."""
-    model = keras.models.load_model(os.path.join(str(model_dir), "export", "model.keras"))
-    return {w.path: np.asarray(w.numpy()) for w in model.weights}
-
-
-def trained_by_name(model_dir, **overrides) -> dict:
-    """Trains small_config(model_dir, export=True, **overrides) in this process; its exported weights
-    by path (for comparing runs, e.g. 2 replicas against 1)."""
-    from engine.controller.trainer import train
-
-    train(small_config(model_dir, **{**overrides, "export": True}), out=open(os.devnull, "w"))
-    return exported_by_name(model_dir)
-
-
-def max_difference_by_name(a: dict, b: dict, moving_only=False) -> float:
-    """The largest absolute difference between two {weight path: array} of the same model
-    (moving_only: batch norm's moving statistics only)."""
-    assert a.keys() == b.keys()
-    names = [n for n in a if "moving_" in n] if moving_only else list(a)
-    assert names
-    return max(float(np.max(np.abs(a[n] - b[n]))) for n in names)
-
-
-def tensorboard_run(logdir):
-    """An EventAccumulator with every event of a TensorBoard log directory loaded."""
-    from tensorboard.backend.event_processing import event_accumulator
-
-    accumulator = event_accumulator.EventAccumulator(str(logdir), size_guidance={"scalars": 0, "tensors": 0})
-    accumulator.Reload()
-    return accumulator
-
-
-def tensorboard_scalars(logdir) -> dict:
-    """{tag: [(step, value), ...]} of the scalars in a TensorBoard log directory."""
-    accumulator = tensorboard_run(logdir)
-    # tf.summary.* in TF 2 writes tensor events; EventAccumulator lists them under "tensors".
-    return {tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
-            for tag in accumulator.Tags()["tensors"]
-            if accumulator.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"}
-
-
-def _cli(args, env):
-    """The command line and environment of `python run.py args...`."""
-    return [sys.executable, os.path.join(REPO, "run.py"), *args], dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
-
-
-def run_cli(*args, timeout=240, env=None):
-    """Runs `python run.py args...` in a fresh process; returns the CompletedProcess."""
-    command, full_env = _cli(args, env)
-    return subprocess.run(command, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
-
-
-@dataclasses.dataclass
-class TimedRun:
-    returncode: int
-    lines: list  # (seconds since start, "out" or "err", line), in order of arrival
-    exited: float  # seconds since start
-
-    @property
-    def output(self) -> str:
-        return "".join(line for _, _, line in self.lines)
-
-    @property
-    def seconds_after_last_line(self) -> float:
-        return self.exited - (self.lines[-1][0] if self.lines else 0.0)
-
-
-def run_cli_timed(*args, timeout=240, env=None) -> TimedRun:
-    """Like run_cli, but notes when each stdout/stderr line arrived and when the process ended
-    (a reader thread per stream), e.g. to see how long it took to exit after its last line."""
-    command, full_env = _cli(args, env)
-    started = time.monotonic()
-    process = subprocess.Popen(command, cwd=REPO, env=full_env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, bufsize=1)
-    lines, lock = [], threading.Lock()
-
-    def read(stream, name):
-        for line in stream:
-            with lock:
-                lines.append((time.monotonic() - started, name, line))
-
-    readers = [threading.Thread(target=read, args=(stream, name), daemon=True)
-               for stream, name in ((process.stdout, "out"), (process.stderr, "err"))]
-    for reader in readers:
-        reader.start()
-    try:
-        process.wait(timeout=timeout)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=30)
-    exited = time.monotonic() - started
-    for reader in readers:
-        reader.join(timeout=10)  # the pipes close when the process ends
-    with lock:
-        return TimedRun(process.returncode, sorted(lines, key=lambda entry: entry[0]), exited)
 
 
 @pytest.fixture
 def tf_module():
     return tf
+
+
+# ---- the skip guard: CI tests every feature ----
+# A skipped test hides a feature from CI, so the run fails when a test skips for any reason except
+# missing hardware; such a skip's reason must start with ALLOWED_SKIP (e.g. "no GPU: ...").
+ALLOWED_SKIP = "no GPU"
+_unexpected_skips: list = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        if not reason.startswith(ALLOWED_SKIP):
+            _unexpected_skips.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _unexpected_skips:
+        terminalreporter.write_line(
+            f"error: {len(_unexpected_skips)} test(s) skipped for a reason other than missing hardware "
+            f"(the skip guard in tests/conftest.py fails the run; install what they need):", red=True)
+        for line in _unexpected_skips:
+            terminalreporter.write_line(f"  {line}", red=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _unexpected_skips and exitstatus == 0:
+        session.exitstatus = 1

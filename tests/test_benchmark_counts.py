@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.throughput import training_flops_per_example
 from engine.models.registry import build_model
+
+pytestmark = pytest.mark.fast  # every test here runs in seconds: the fast lane (-m fast)
 
 
 def test_seed_cnn_training_flops():

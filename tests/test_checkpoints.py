@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 import tensorflow as tf
+from helpers import exported_weights, small_config
 
-from conftest import exported_weights, small_config
 from engine.controller.trainer import train
 
 
@@ -40,6 +41,7 @@ def test_resume_continues_step_and_optimizer(tmp_path):
         np.testing.assert_allclose(resumed, uninterrupted, atol=1e-5)
 
 
+@pytest.mark.fast
 def test_finished_run_trains_nothing_more(tmp_path):
     config = small_config(tmp_path, train_steps=3)
     train(config, out=open(os.devnull, "w"))

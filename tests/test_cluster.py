@@ -7,9 +7,11 @@ import time
 
 import pytest
 
-from conftest import run_cli
+from helpers import run_cli
 from engine.distribute.cluster import parse_tf_config
 from engine.errors import UserError
+
+pytestmark = pytest.mark.fast  # every test here runs in seconds: the fast lane (-m fast)
 
 GOOD = {"cluster": {"worker": ["127.0.0.1:2001", "127.0.0.1:2002"]}, "task": {"type": "worker", "index": 1}}
 

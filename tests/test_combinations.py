@@ -18,15 +18,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import exported_weights, max_difference_by_name, run_cli, small_config
+from helpers import NO_DROPOUT, explain, exported_weights, max_difference_by_name, run_cli, small_config
 from engine.controller.state import create_state
 from engine.controller.trainer import train
 from engine.data.builtin import synthetic_arrays
 from engine.distribute.strategy import build_strategy
 from engine.loop import make_train_loop
 from engine.randomness import per_replica_randomness
-from test_cli import explain
-from test_models import NO_DROPOUT
 from tasks import CnnBnNoDropoutTask
 
 # Data files the `data` feature reads, written by the `cli_runs` fixture before any run starts.
@@ -55,7 +53,7 @@ SHORT_RUN = ("--dataset=synthetic", "--synthetic_train_examples=64", "--syntheti
 
 
 def refused(row: dict) -> bool:
-    """The combinations the engine refuses (README: "Combinations that are refused, and why").
+    """The combinations the engine refuses (docs/failures.md, engine/refused_combinations.py).
     `row` may be partial: True once the values it holds are refused whatever the others are."""
     return (row.get("xla") == "jit" and row.get("model") == "cnn_bn"
             and row.get("strategy", "").startswith("mirrored"))
@@ -112,6 +110,7 @@ TRAINED_ROWS = ROWS + [dict(ROWS[0], strategy="mirrored2", model="cnn_bn", accum
 REFUSED_ROWS = [dict(ROWS[0], strategy=s, model="cnn_bn", xla="jit") for s in ("mirrored1", "mirrored2")]
 
 
+@pytest.mark.fast
 def test_the_rows_cover_every_pair_and_run_nothing_refused():
     covered = set().union(*(_pairs(row) for row in ROWS))
     assert covered == all_pairs(), sorted(all_pairs() - covered)
@@ -151,6 +150,7 @@ def test_pairwise_combination_trains(row, cli_runs):
 
 
 @pytest.mark.parametrize("row", REFUSED_ROWS, ids=map(_row_id, REFUSED_ROWS))
+@pytest.mark.fast
 def test_refused_combination_says_so_in_one_line(row, cli_runs):
     proc = cli_runs[_row_id(row)].result()
     assert proc.returncode == 2, explain(proc)
@@ -234,6 +234,7 @@ def test_xla_equals_the_same_run_without_it(tmp_path, case):
     assert abs(xla.train_metrics["loss"] - plain.train_metrics["loss"]) < 1e-4
 
 
+@pytest.mark.fast
 def test_xla_dropout_draws_its_own_mask_on_each_replica():
     """Dropout inside the XLA-compiled replica step, on 2 logical CPU devices (the engine's wrapped
     seed generators): it runs, and each replica draws its own mask."""

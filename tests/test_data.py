@@ -13,6 +13,8 @@ from engine.data import readers
 from engine.config import Config
 from engine.errors import UserError
 
+pytestmark = pytest.mark.fast  # every test here runs in seconds: the fast lane (-m fast)
+
 
 def write_idx(path, array, magic_type=0x08, compress=True, truncate=0):
     header = struct.pack(">BBBB", 0, 0, magic_type, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import TEST_TASKS, exported_weights, small_config
+from helpers import TEST_TASKS, exported_weights, small_config
 from engine.controller.trainer import train
 
 

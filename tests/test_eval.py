@@ -8,7 +8,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-from conftest import TEST_TASKS, small_config
+from helpers import TEST_TASKS, small_config
 from engine.data.builtin import synthetic_arrays
 from engine.errors import UserError
 from engine.loop import make_eval_loop, make_train_loop
@@ -16,6 +16,8 @@ from engine.controller.state import build_task
 from engine.distribute.strategy import build_strategy
 from engine.task import Task
 from engine.controller.trainer import train
+
+pytestmark = pytest.mark.fast  # every test here runs in seconds: the fast lane (-m fast)
 
 
 @pytest.mark.parametrize("replicas", [1, 2])

@@ -20,7 +20,7 @@ import re
 
 import pytest
 
-from conftest import run_cli_timed
+from helpers import run_cli_timed
 
 RUN = ["--dataset=synthetic", "--synthetic_train_examples=2048", "--synthetic_test_examples=256",
        "--global_batch=64", "--summaries=basic", "--noexport", "--seed=3", "--collective_timeout=60"]

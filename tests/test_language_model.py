@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import small_config, tensorboard_run
+from helpers import small_config, tensorboard_run
 from engine.controller.state import create_state
 from engine.controller.trainer import train
 from engine.data import text
@@ -27,6 +27,7 @@ BATCH = 8  # global; replica 0 of 2 gets rows 0-3, replica 1 rows 4-7
 LEARNING_RATE = 0.5
 
 
+@pytest.mark.fast
 def test_windows_predict_every_byte_once_and_pad_the_tail():
     tokens = np.frombuffer(b"abcdefghij", np.uint8)  # 9 targets: windows of 4 -> 4 + 4 + 1 (3 padded)
     features, labels = text.windows(tokens, 4)
@@ -39,6 +40,7 @@ def test_windows_predict_every_byte_once_and_pad_the_tail():
     assert real.tolist() == list(tokens[1:])
 
 
+@pytest.mark.fast
 def test_text_source_splits_the_last_tenth_and_reads_a_directory(tmp_path):
     (tmp_path / "a.txt").write_text("hello world " * 50)
     (tmp_path / "b.txt").write_text("ünïcode bytes " * 20)

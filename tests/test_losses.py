@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
-from engine.losses import per_replica_mean_loss, replica_loss
 from engine.distribute.strategy import build_strategy
+from engine.losses import per_replica_mean_loss, replica_loss
+
+pytestmark = pytest.mark.fast  # every test here runs in seconds: the fast lane (-m fast)
 
 
 def test_replica_losses_sum_to_the_global_mean():

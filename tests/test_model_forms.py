@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, max_difference_by_name, small_config, trained_by_name
+from helpers import REPO, max_difference_by_name, small_config, trained_by_name
 from engine.controller.trainer import train
 from engine.data.spec import DataSpec
 from engine.models.registry import build_model
@@ -31,15 +31,15 @@ def with_spec(input_shape, num_classes, spec):
 
 
 def readme_model_file() -> str:
-    """The complete example model file of README's "Bring your own model" (its first python block)."""
-    with open(os.path.join(REPO, "README.md")) as f:
+    """The complete example model file of docs/models.md "Bring your own model" (its first python block)."""
+    with open(os.path.join(REPO, "docs", "models.md")) as f:
         section = f.read().split("## Bring your own model", 1)[1]
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
 @pytest.fixture
 def user_models(tmp_path):
-    """README's my_models.py (small_cnn), plus a builder that asks for the spec."""
+    """docs/models.md's my_models.py (small_cnn), plus a builder that asks for the spec."""
     path = tmp_path / "my_models.py"
     path.write_text(readme_model_file() + WITH_SPEC)
     return str(path)
@@ -47,6 +47,7 @@ def user_models(tmp_path):
 
 # ---- the built-in resnet20 ----
 
+@pytest.mark.fast
 def test_resnet20_shape_parameters_and_names():
     model = build_model("resnet20", (32, 32, 3), 10)
     logits = model(tf.zeros([2, 32, 32, 3]), training=False)
@@ -98,7 +99,7 @@ def test_resnet20_two_replicas_train_like_one(tmp_path):
 # ---- the user's function: path/to/file.py:function and package.module:function ----
 
 def test_model_from_file_two_replicas_train_like_one(tmp_path, user_models):
-    """README's example file, --model=my_models.py:small_cnn: its synchronised batch norm makes 2
+    """docs/models.md's example file, --model=my_models.py:small_cnn: its synchronised batch norm makes 2
     replicas train like 1 (2 SGD steps, as for cnn_bn in tests/test_models.py)."""
     settings = dict(model=f"{user_models}:small_cnn", optimizer="sgd", train_steps=2, steps_per_loop=2)
     one = trained_by_name(tmp_path / "one", strategy="default", **settings)
@@ -109,6 +110,7 @@ def test_model_from_file_two_replicas_train_like_one(tmp_path, user_models):
     assert max_difference_by_name(one, two) < 1e-5
 
 
+@pytest.mark.fast
 def test_builder_that_asks_for_the_spec_gets_it(tmp_path, user_models):
     spec = DataSpec.classification((28, 28, 1), 10)
     task = Task(small_config(tmp_path, model=f"{user_models}:with_spec"), spec=spec)
@@ -116,6 +118,7 @@ def test_builder_that_asks_for_the_spec_gets_it(tmp_path, user_models):
     assert build_model(f"{user_models}:small_cnn", (28, 28, 1), 10, spec=spec).name == "small_cnn"  # not asked: not given
 
 
+@pytest.mark.fast
 def test_package_module_function_form(tmp_path):
     model = build_model("engine.models.classifiers:mlp", (28, 28, 1), 10)
     registered = build_model("mlp", (28, 28, 1), 10)
@@ -127,6 +130,7 @@ def test_package_module_function_form(tmp_path):
     assert result.final_step == 2 and result.eval_metrics["accuracy"] >= 0
 
 
+@pytest.mark.fast
 def test_default_model_dir_names_the_model_form():
     def name(model):
         return os.path.basename(default_model_dir("synthetic", model, "default")).split("-")[1]
@@ -138,6 +142,7 @@ def test_default_model_dir_names_the_model_form():
 
 # ---- keras.applications.NAME ----
 
+@pytest.mark.fast
 def test_keras_application_outputs_logits_without_its_preprocessing():
     """Built untrained for the data's shape and classes; logits out (no softmax); the application's
     own rescaling from [0, 255] is off, as the engine's images are already in [0, 1]."""

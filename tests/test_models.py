@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import TEST_TASKS, exported_by_name, max_difference_by_name, run_cli, trained_by_name
+from helpers import NO_DROPOUT, TEST_TASKS, exported_by_name, max_difference_by_name, run_cli, trained_by_name
 from engine.data.builtin import synthetic_arrays
 from engine.models.registry import build_model
 from engine.distribute.strategy import build_strategy
 
-NO_DROPOUT = f"{TEST_TASKS}:CnnBnNoDropoutTask"  # cnn_bn, dropout 0, BN momentum 0.5
 NO_DROPOUT_UNSYNCED = f"{TEST_TASKS}:UnsyncedCnnBnNoDropoutTask"  # the same, BN synchronized=False
 
 
@@ -28,6 +27,7 @@ def _train(model_dir, **overrides) -> dict:
 
 # ---- the model itself ----
 
+@pytest.mark.fast
 def test_cnn_bn_shape_dtype_and_parameters():
     model = build_model("cnn_bn", (28, 28, 1), 10)
     logits = model(tf.zeros([3, 28, 28, 1]), training=False)
@@ -68,6 +68,7 @@ def test_cnn_bn_learns_synthetic_data():
 # ---- batch-norm synchronisation ----
 
 @pytest.mark.parametrize("synchronized", [True, False])
+@pytest.mark.fast
 def test_bn_layer_statistics_across_replicas(synchronized):
     """Directly: each replica's copy of the moving mean after one training-mode call on 2 replicas.
     Keras creates the moving statistics with aggregation NONE, so without synchronisation each

@@ -12,13 +12,12 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO, TEST_TASKS, exported_weights, run_cli, small_config, tensorboard_run, tensorboard_scalars
+from helpers import REPO, TEST_TASKS, checkpoint_state, exported_weights, run_cli, small_config, tensorboard_run, tensorboard_scalars
 from engine.distribute.launch import worker_tf_configs
 from engine.controller.trainer import train
 from engine.update import INITIAL_LOSS_SCALE
-from test_resume import checkpoint_state
 
-# The same run as conftest.small_config(model="mlp"), as flags.
+# The same run as helpers.small_config(model="mlp"), as flags.
 ARGS = ["--dataset=synthetic", "--synthetic_train_examples=1024", "--synthetic_test_examples=300",
         "--global_batch=64", "--train_steps=6", "--steps_per_loop=3", "--seed=7", "--model=mlp",
         "--optimizer=adam", "--collective_timeout=30"]
@@ -180,7 +179,7 @@ def test_multi_worker_run_resumes(tmp_path):
 @pytest.mark.parametrize("shards", [4, 1])  # by FILE, by DATA
 def test_two_workers_evaluate_every_streamed_example_once(tmp_path, shards):
     """1,001 test examples in TFRecords, 2 workers: each example counted once (count and id sum)."""
-    from test_sources import id_shards
+    from helpers import id_shards
 
     dataset = id_shards(tmp_path / "data", n_train=256, n_test=1001, shards=shards)
     launched = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", *ARGS, f"--dataset={dataset}",

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import TEST_TASKS, run_cli, small_config
+from helpers import TEST_TASKS, checkpoint_state, run_cli, small_config
 from engine.errors import NonFiniteLoss
 from engine.controller.trainer import train
-from test_resume import checkpoint_state
 
 TWO_REPLICAS = dict(strategy="mirrored", cpu_replicas=2)
 NAN_AT = 5  # tests/tasks.py: the update from global step 5 to 6 (the 6th step) is poisoned

@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, exported_weights, small_config
+from helpers import REPO, checkpoint_state, exported_weights, small_config
 from engine.errors import Preempted
 from engine.controller.trainer import train
-from test_resume import checkpoint_state
 
 
 class SignalOnFirstProgress(io.StringIO):

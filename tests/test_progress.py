@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from engine.observe.progress import Progress, format_duration
+
+pytestmark = pytest.mark.fast  # every test here runs in seconds: the fast lane (-m fast)
 
 
 class _Terminal(io.StringIO):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import TEST_TASKS, exported_weights, small_config
+from helpers import TEST_TASKS, exported_weights, small_config
 from engine.randomness import per_replica_randomness, replica_seed, seed_generators
 from engine.distribute.strategy import build_strategy
 from engine.task import Task
@@ -37,6 +37,7 @@ def _dropout_masks(strategy, model, calls=2):
     return _per_replica(strategy, lambda: model(tf.ones((1, WIDTH)), training=True), calls)
 
 
+@pytest.mark.fast
 def test_dropout_masks_differ_per_replica_only_with_the_wrapper():
     strategy = _strategy(2)
     with strategy.scope():
@@ -54,6 +55,7 @@ def test_dropout_masks_differ_per_replica_only_with_the_wrapper():
     np.testing.assert_array_equal(states[1], [11, 2])
 
 
+@pytest.mark.fast
 def test_task_random_seed_differs_per_replica_and_step():
     strategy = _strategy(2)
     task = Task(small_config("unused"), input_shape=(4,), num_classes=2)
@@ -87,6 +89,7 @@ def test_task_random_seed_differs_per_replica_and_step():
     assert seed.dtype == tf.int32 and seed.shape == (2,)
 
 
+@pytest.mark.fast
 def test_one_replica_draws_exactly_what_keras_draws():
     for strategy in (_strategy(1), tf.distribute.get_strategy()):
         with strategy.scope():
@@ -103,6 +106,7 @@ def test_one_replica_draws_exactly_what_keras_draws():
         np.testing.assert_array_equal(w.numpy(), p.numpy())
 
 
+@pytest.mark.fast
 def test_wrapping_is_idempotent_and_reaches_nested_layers():
     strategy = _strategy(2)
     with strategy.scope():

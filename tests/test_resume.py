@@ -10,22 +10,13 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import tensorflow as tf
 
-from conftest import TEST_TASKS, small_config
+from helpers import TEST_TASKS, checkpoint_state, small_config
 from engine.controller.trainer import train
 
 # 1024 examples / batch 64 = 16 steps per epoch; loops of 3 steps.
 STOPS = (6, 7, 16)  # a loop boundary; mid-loop and mid-epoch; exactly the end of epoch 1
 TOTAL = 20  # into the second epoch (a reshuffled order)
-
-
-def checkpoint_state(model_dir) -> dict:
-    """{name: value} of the model and optimizer variables in the latest checkpoint."""
-    latest = tf.train.latest_checkpoint(os.path.join(str(model_dir), "checkpoints"))
-    reader = tf.train.load_checkpoint(latest)
-    return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(latest)
-            if name.startswith(("model/", "optimizer/", "global_step/", "epoch/"))}
 
 
 def _stopped_and_straight(tmp_path, **overrides):

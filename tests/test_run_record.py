@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from conftest import small_config
+from helpers import small_config
 from engine.errors import UserError
 from engine.controller.trainer import train
 

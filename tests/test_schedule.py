@@ -7,6 +7,8 @@ import pytest
 from engine.errors import UserError
 from engine.controller.schedule import Schedule
 
+pytestmark = pytest.mark.fast  # every test here runs in seconds: the fast lane (-m fast)
+
 
 def _loops(schedule, start=0):
     step, ends = start, []

@@ -9,16 +9,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import small_config
+from helpers import TEST_TASKS, checkpoint_state, id_arrays, id_shards, small_config, stream_eval_totals
 from engine.config import Config
 from engine.controller.trainer import train
 from engine.data import builtin, sources, tfrecord
-from engine.distribute.strategy import build_strategy
 from engine.errors import UserError
-from engine.loop import make_eval_loop
 from engine.task import Task
-from tasks import IdCountingTask
-from test_resume import checkpoint_state
 
 QUIET = open(os.devnull, "w")
 
@@ -28,21 +24,8 @@ def write_npz(path, x_train, y_train, x_test, y_test):
     return str(path)
 
 
-def id_arrays(n, offset=0):
-    """Examples that carry their own id: features (4,) float32 all equal to the id, label id % 10."""
-    ids = np.arange(offset, offset + n)
-    return np.repeat(ids[:, None], 4, axis=1).astype(np.float32), (ids % 10).astype(np.int64)
-
-
-def id_shards(directory, n_train=200, n_test=1001, shards=4):
-    x, y = id_arrays(n_train)
-    xt, yt = id_arrays(n_test, offset=1000)
-    tfrecord.write_shards(str(directory), "train", x, y, shards)
-    tfrecord.write_shards(str(directory), "test", xt, yt, shards)
-    return f"tfrecord:{directory}/train-*.tfrecord,{directory}/test-*.tfrecord"
-
-
 # ---- in-memory sources ----
+@pytest.mark.fast
 def test_npz_any_shape_and_dtype(tmp_path):
     rng = np.random.default_rng(0)
     colour = write_npz(tmp_path / "c.npz", rng.integers(0, 256, (20, 8, 8, 3), dtype=np.uint8),
@@ -65,6 +48,7 @@ def test_npz_any_shape_and_dtype(tmp_path):
     assert source.spec.labels.dtype == tf.float32 and source.spec.num_classes is None
 
 
+@pytest.mark.fast
 def test_synthetic_shape_and_classes():
     source = sources.load(Config(dataset="synthetic", synthetic_shape="32,32,3", num_classes=4,
                                  synthetic_train_examples=64, synthetic_test_examples=8))
@@ -75,6 +59,7 @@ def test_synthetic_shape_and_classes():
     assert vectors.spec.input_shape == (64,)
 
 
+@pytest.mark.fast
 def test_colour_npz_trains_end_to_end(tmp_path):
     x, y = builtin.synthetic_arrays(512, seed=1, shape=(16, 16, 3))
     xt, yt = builtin.synthetic_arrays(101, seed=2, shape=(16, 16, 3))
@@ -84,6 +69,7 @@ def test_colour_npz_trains_end_to_end(tmp_path):
 
 
 # ---- TFRecord streams ----
+@pytest.mark.fast
 def test_tfrecord_default_schema_round_trip(tmp_path):
     images, labels = builtin.synthetic_arrays(30, seed=1, shape=(8, 8, 3))
     tfrecord.write_shards(str(tmp_path), "train", images, labels, 3)
@@ -96,6 +82,7 @@ def test_tfrecord_default_schema_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("shards, policy", [(4, "FILE"), (1, "DATA")])
+@pytest.mark.fast
 def test_two_workers_read_disjoint_examples(tmp_path, shards, policy):
     dataset = id_shards(tmp_path, n_train=200, shards=shards)
     source = sources.load(Config(dataset=dataset, shuffle_buffer=50))
@@ -109,21 +96,14 @@ def test_two_workers_read_disjoint_examples(tmp_path, shards, policy):
     assert len(set(per_worker[0]) | set(per_worker[1])) == 200
 
 
-def stream_eval_totals(source, replicas: int, batch: int, task_class=IdCountingTask):
-    """(examples the engine counted, sum of their ids) of one distributed eval of a streamed source."""
-    strategy = build_strategy("mirrored", replicas).strategy
-    task = task_class(small_config("/unused"), spec=source.spec)
-    result = make_eval_loop(strategy, task)(strategy.distribute_datasets_from_function(source.eval_dataset_fn(batch)))
-    assert float(result["totals"]["mean_id"][1]) == float(result["examples"])  # the Task's count agrees
-    return float(result["examples"]), float(result["totals"]["mean_id"][0])
-
-
 @pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.fast
 def test_stream_eval_covers_every_example_once(tmp_path, replicas):
     source = sources.load(Config(dataset=id_shards(tmp_path, n_test=1001)))
     assert stream_eval_totals(source, replicas, 64) == (1001, sum(range(1000, 2001)))
 
 
+@pytest.mark.fast
 def test_stream_resume_skips_exactly(tmp_path):
     source = sources.load(Config(dataset=id_shards(tmp_path, n_train=100), shuffle_buffer=30))
     context = tf.distribute.InputContext(1, 0, 1)
@@ -191,6 +171,7 @@ class FlipTask(Task):
         return tf.where(flip, -features, features), label
 
 
+@pytest.mark.fast
 def test_augmentation_seeds_differ_per_example_and_epoch_and_repeat(tmp_path):
     source = sources.load(Config(dataset=id_shards(tmp_path, n_train=64), shuffle_buffer=10))
     task = FlipTask(small_config("/unused"), spec=source.spec)
@@ -223,6 +204,7 @@ def _bad_npz(tmp_path):
     (lambda p: "parquet:x", "expected one of"),
     (lambda p: "imagenet", "unknown --dataset"),
 ], ids=["glob", "npz_missing", "npz_ok", "shapes", "labels", "kind", "name"])
+@pytest.mark.fast
 def test_bad_sources_are_one_line_errors(tmp_path, make, message):
     dataset = make(tmp_path)
     config = Config(dataset=dataset, num_classes=10 if "l.npz" in dataset else 0)
@@ -234,6 +216,7 @@ def test_bad_sources_are_one_line_errors(tmp_path, make, message):
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.fast
 def test_npz_missing_key_and_corrupt_record_name_the_file(tmp_path):
     np.savez(tmp_path / "m.npz", x_train=np.zeros((4, 3)), y_train=np.zeros(4))
     with pytest.raises(UserError, match=r"m.npz.*missing arrays \['x_test', 'y_test'\]"):
@@ -248,9 +231,8 @@ def test_npz_missing_key_and_corrupt_record_name_the_file(tmp_path):
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.fast
 def test_task_brings_its_own_datasets(tmp_path, replicas):
-    from conftest import TEST_TASKS
-
     result = train(small_config(tmp_path, task=f"{TEST_TASKS}:OwnDataTask", model="mlp", train_steps=30,
                                 steps_per_loop=10, strategy="mirrored", cpu_replicas=replicas,
                                 learning_rate=0.01), out=QUIET)

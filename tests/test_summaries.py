@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 
-from conftest import small_config, tensorboard_run
+from helpers import small_config, tensorboard_run
 from engine import __version__
 from engine.errors import UserError
 from engine.observe.images import confusion_image, confusion_matrix, grid, misclassified_grid
@@ -39,6 +39,7 @@ def _text(accumulator, tag):
     return _decode(accumulator.Tensors(tag)[0])
 
 
+@pytest.mark.fast
 def test_train_and_eval_scalars_at_global_steps(tmp_path):
     train(small_config(tmp_path, strategy="mirrored", cpu_replicas=2, train_steps=7, steps_per_loop=3,
                        eval_every=4), out=open(os.devnull, "w"))
@@ -51,12 +52,14 @@ def test_train_and_eval_scalars_at_global_steps(tmp_path):
     assert eval_tags["loss"] == [4, 7] and eval_tags["accuracy"] == [4, 7]
 
 
+@pytest.mark.fast
 def test_resumed_run_continues_the_step_axis(tmp_path):
     train(small_config(tmp_path, train_steps=3), out=open(os.devnull, "w"))
     train(small_config(tmp_path, train_steps=6), out=open(os.devnull, "w"))
     assert sorted(_scalars(tmp_path / "train")["loss"]) == [3, 6]
 
 
+@pytest.mark.fast
 def test_non_chief_writes_nothing(tmp_path):
     writers = create_writers(str(tmp_path), is_chief=False)
     writers["train"].write_scalars(1, {"loss": 1.0})
@@ -112,6 +115,7 @@ def test_everything_a_researcher_watches(tmp_path):
     assert sorted(m.name.tag for m in experiment.metric_infos) == ["accuracy", "loss"]
 
 
+@pytest.mark.fast
 def test_basic_summaries_write_no_extras(tmp_path):
     train(small_config(tmp_path, summaries="basic"), **QUIET)
     train_tags, eval_tags = _scalars(tmp_path / "train"), _scalars(tmp_path / "eval")
@@ -121,6 +125,7 @@ def test_basic_summaries_write_no_extras(tmp_path):
     assert not os.path.exists(tmp_path / "train" / "plugins")
 
 
+@pytest.mark.fast
 def test_images_render_with_numpy():
     images = np.random.default_rng(0).random((5, 28, 28))
     tiled = grid(images, columns=3, captions=["1", "2", "3", "4", "5"])
@@ -133,6 +138,7 @@ def test_images_render_with_numpy():
     assert misclassified_grid(images[:2], [0, 1], [0, 1]) == (None, [])
 
 
+@pytest.mark.fast
 def test_profile_steps_parse():
     assert parse_profile_steps("") is None and parse_profile_steps("3,9") == (3, 9)
     for bad in ("3", "9,3", "a,b", "-1,2"):

@@ -12,7 +12,7 @@ import time
 import urllib.parse
 import urllib.request
 
-from conftest import small_config
+from helpers import small_config
 from engine.controller.trainer import train
 
 STARTUP_SECONDS = 60

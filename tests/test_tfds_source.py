@@ -4,7 +4,8 @@ fallback, eval over every example once, training (in process and through run.py)
 
 The builder class is not registered (skip_registration), so the engine opens the data the way it
 would on a machine that only received the prepared directory: from its dataset_info.json.
-Tests that need tensorflow-datasets skip without it (the optional extra ".[tfds]")."""
+tensorflow-datasets is in the test extra, so these tests run in CI (offline: the data is generated
+here, never downloaded)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, run_cli, small_config
+from helpers import REPO, run_cli, small_config, stream_eval_totals
 from engine.config import Config
 from engine.controller.trainer import train
 from engine.data import sources
 from engine.errors import UserError
 from tasks import IdCountingTask
-from test_sources import stream_eval_totals
 
 QUIET = open(os.devnull, "w")
 NAMES = ["a", "b", "c"]
@@ -37,7 +37,7 @@ def builder_classes():
     Configs: colour (8x8x3, train, test and validation), grey (8x8x1, train and validation), unsupervised (no
     supervised_keys), text (supervised_keys ("caption", "label"): a Text feature)."""
     if not _BUILDERS:
-        tfds = pytest.importorskip("tensorflow_datasets")
+        import tensorflow_datasets as tfds  # in the test extra: these tests always run
 
         class TinyShapes(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             VERSION = tfds.core.Version("1.0.0")
@@ -90,6 +90,7 @@ def ids_of(x):
 
 
 @pytest.mark.parametrize("name", ["tiny_shapes", "tiny_registered"])
+@pytest.mark.fast
 def test_tfds_spec_classes_counts_and_pairs(data_dir, name):
     source = sources.load(Config(dataset=f"tfds:{name}:colour", data_dir=data_dir))
     assert source.streamed and source.where == f"TFDS {name}/colour/1.0.0 in {data_dir}"
@@ -106,6 +107,7 @@ def test_tfds_spec_classes_counts_and_pairs(data_dir, name):
     assert sorted(test_ids) == list(range(100, 111))
 
 
+@pytest.mark.fast
 def test_tfds_config_without_test_split_evaluates_validation(data_dir):
     source = sources.load(Config(dataset="tfds:tiny_shapes:grey", data_dir=data_dir))
     assert "tiny_shapes/grey/1.0.0" in source.where and "evaluates validation" in source.where
@@ -126,11 +128,13 @@ class PixelIdTask(IdCountingTask):
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.fast
 def test_tfds_eval_covers_every_example_once(data_dir, replicas):
     source = sources.load(Config(dataset="tfds:tiny_shapes:colour", data_dir=data_dir))
     assert stream_eval_totals(source, replicas, 4, PixelIdTask) == (11, sum(range(100, 111)))
 
 
+@pytest.mark.fast
 def test_tfds_trains_end_to_end(data_dir, tmp_path):
     config = small_config(tmp_path / "run", dataset="tfds:tiny_shapes", data_dir=data_dir, global_batch=8,
                           train_steps=6, steps_per_loop=3, strategy="mirrored", cpu_replicas=2,
@@ -189,6 +193,7 @@ def _missing_shard_dir(data_dir, tmp_path):
     ("tfds:tiny_shapes:colour --num_classes=5", "data", r"--num_classes=5 but TFDS .* has 3 classes"),
 ], ids=["not_prepared", "unknown_name", "unknown_config", "catalogue_config", "no_supervised_keys",
         "text_feature", "array_record", "config_dir_only", "missing_shard", "num_classes"])
+@pytest.mark.fast
 def test_tfds_bad_inputs_are_one_line_errors(data_dir, tmp_path, dataset, directory, message):
     dataset, _, num_classes = dataset.partition(" --num_classes=")
     directories = {"data": lambda: data_dir, "empty": lambda: str(tmp_path),

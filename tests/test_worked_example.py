@@ -5,15 +5,17 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
+from helpers import TEST_TASKS, exported_weights, small_config, tensorboard_scalars
 
-from conftest import TEST_TASKS, exported_weights, small_config, tensorboard_scalars
-from engine.tasks.label_smoothing import LabelSmoothingTask
 from engine.controller.trainer import train
+from engine.tasks.label_smoothing import LabelSmoothingTask
 
 QUIET = dict(out=open(os.devnull, "w"))
 TWO_REPLICAS = dict(strategy="mirrored", cpu_replicas=2)
 
 
+@pytest.mark.fast
 def test_smoothed_loss_is_the_cross_entropy_against_smoothed_labels():
     task = LabelSmoothingTask(small_config("/unused"), input_shape=(28, 28, 1), num_classes=4)
     logits = np.array([[2.0, 0.0, -1.0, 0.5], [0.0, 0.0, 0.0, 0.0]], np.float32)
@@ -35,6 +37,7 @@ def test_two_replicas_train_like_one(tmp_path):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.fast
 def test_registered_name_trains_on_two_replicas_and_logs_its_metric(tmp_path):
     result = train(small_config(tmp_path, task="label_smoothing", model="mlp", export=True, train_steps=12,
                                 steps_per_loop=6, **TWO_REPLICAS), **QUIET)

@@ -1,7 +1,7 @@
 """The evaluation job: --mode=eval (one checkpoint) and --mode=continuous_eval (each new
 checkpoint of a run, once; what a TF_CONFIG task of type `evaluator` runs beside the workers).
 
-It builds the model, optimizer and counters as training does (engine/controller/build.py, inside
+It builds the model, optimizer and counters as training does (engine/controller/job.py and state.py, inside
 strategy.scope() of whatever strategy THIS process has), restores a checkpoint read-only (it never
 writes into the run's checkpoints/), evaluates the whole test split and writes the metrics to the
 run's eval/ TensorBoard run at the checkpoint's step. Only checkpoints the manager's `checkpoint`
@@ -20,7 +20,9 @@ import time
 
 import tensorflow as tf
 
-from engine.controller import build, run_record
+from engine.controller import job, run_record
+from engine.controller.state import build_task_state
+from engine.controller.evaluation import evaluate_split
 from engine.controller.best import BestKeeper
 from engine.data import pipelines
 from engine.distribute import strategy as strategy_lib
@@ -43,7 +45,7 @@ class EvalResult:
 
 def evaluate(config, out=None) -> EvalResult:
     """Runs --mode=eval or --mode=continuous_eval as `config` says."""
-    with build.job(config):  # --precision's dtype policy; bad input records -> one line
+    with job.context(config):  # --precision's dtype policy; bad input records -> one line
         return _Evaluator(config, out or sys.stdout).run()
 
 
@@ -108,11 +110,11 @@ class _Evaluator:
         self.placement = strategy_lib.build_strategy(config.strategy, config.cpu_replicas, config.collective_timeout)
         strategy_lib.per_replica_batch(config.global_batch, self.placement.num_replicas)
         seed = int(self.recorded.get("seed") or 0)
-        build.seed_everything(seed, config.deterministic)
-        task_class, self.data, _ = build.load_data(config)
+        job.seed_everything(seed, config.deterministic)
+        task_class, self.data, _ = job.load_data(config)
         self.best = BestKeeper(config.model_dir, config.best_metric, metric_names=tuple(task_class.eval_metrics)) \
             if config.best_metric else None
-        self.task, self.state = build.build_task_state(
+        self.task, self.state = build_task_state(
             config, self.placement, task_class, self.data, seed=seed, total_steps=self.total_steps(),
             writable=False)
         self.eval_data = pipelines.distributed_eval_data(self.placement.strategy, self.data, config)
@@ -146,7 +148,7 @@ class _Evaluator:
             self.result.skipped.append(path)
             return False
         step = self.state.step
-        metrics, line = build.evaluate_split(self.eval_loop, self.eval_data, self.task, self.data.num_test, step)
+        metrics, line = evaluate_split(self.eval_loop, self.eval_data, self.task, self.data.num_test, step)
         self.writer.write_scalars(step, metrics)
         self.writer.flush()
         self.evaluated.add(step)  # recorded at once: a killed evaluator's successor skips this step

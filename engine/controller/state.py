@@ -13,7 +13,7 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from engine import combinations
+from engine import refused_combinations
 from engine.distribute import strategy as strategy_lib
 from engine.controller.checkpoints import Checkpointer
 from engine.optimizers import constant_rate
@@ -25,7 +25,7 @@ def build_task(strategy, task) -> None:
     """Inside strategy.scope(): the Task's model, its optimizer (built) and the engine's updater,
     every variable checked to be in the scope."""
     task.model = task.build_model()
-    combinations.check(task.config, task.model)  # refused flag combinations, before any trace
+    refused_combinations.check(task.config, task.model)  # refused flag combinations, before any trace
     per_replica_randomness(task.model)  # Dropout & co. draw differently on each replica
     strategy_lib.check_variables_in_scope(strategy, task.model.variables)
     task.optimizer = task.build_optimizer()
@@ -84,3 +84,13 @@ def create_state(strategy, task, *, seed: int, model_dir: str, is_chief: bool, k
         random_states=[generator.state.value for generator in seed_generators(task.model)],
     )
     return TrainState(task=task, global_step=global_step, epoch=epoch, seed=seed_variable, checkpointer=checkpointer)
+
+
+def build_task_state(config, placement, task_class, data, *, seed: int, total_steps: int, writable: bool = True):
+    """The Task and its TrainState (model, built optimizer, updater, counters) in strategy.scope().
+    writable=False: a checkpoint that only reads (an evaluator never saves into the run)."""
+    task = task_class(config, spec=data.spec)
+    task.total_steps = total_steps
+    state = create_state(placement.strategy, task, seed=seed, model_dir=config.model_dir,
+                         is_chief=placement.is_chief, keep=config.keep_checkpoints, writable=writable)
+    return task, state

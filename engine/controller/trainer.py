@@ -16,7 +16,9 @@ import tensorflow as tf
 from engine import __version__
 from engine.data import pipelines
 from engine.observe import report
-from engine.controller import build, run_record
+from engine.controller import job, run_record
+from engine.controller.state import build_task_state
+from engine.controller.evaluation import evaluate_split
 from engine.controller.best import BestKeeper
 from engine.distribute import strategy as strategy_lib
 from engine.distribute.agreement import agree
@@ -48,11 +50,11 @@ class RunResult:
 
 def train(config, out=None) -> RunResult:
     """Runs one training job as `config` says; returns what it achieved."""
-    with build.job(config):  # --precision's dtype policy; bad input records -> one line
+    with job.context(config):  # --precision's dtype policy; bad input records -> one line
         try:
             return _train(config, out or sys.stdout)
         except tf.errors.OpError as err:
-            if config.strategy != "multi_worker_mirrored" or build.from_input_pipeline(err):
+            if config.strategy != "multi_worker_mirrored" or job.from_input_pipeline(err):
                 raise
             raise collective_failure(err, parse_tf_config(os.environ.get("TF_CONFIG"))) from None
 
@@ -75,9 +77,9 @@ def _setup(config, out):
         seed = agree(placement.strategy, config, cluster, seed)
         out.write(f"agreement    all {cluster.num_workers} workers run the same flags "
                   f"(checked in {time.perf_counter() - agreement_start:.3f} s)\n")
-    build.seed_everything(seed, config.deterministic)
+    job.seed_everything(seed, config.deterministic)
 
-    task_class, data, steps_per_epoch = build.load_data(config)
+    task_class, data, steps_per_epoch = job.load_data(config)
     classes_changed = run_record.check_class_names(config, data.spec.class_names)
     best = BestKeeper(config.model_dir, config.best_metric, metric_names=tuple(task_class.eval_metrics),
                       is_chief=placement.is_chief) if config.best_metric else None
@@ -95,7 +97,7 @@ def _setup(config, out):
         histogram_every=config.histogram_every,
         marks=parse_profile_steps(config.profile_steps) or (),
     )
-    task, state = build.build_task_state(config, placement, task_class, data, seed=seed,
+    task, state = build_task_state(config, placement, task_class, data, seed=seed,
                                          total_steps=schedule.total_steps)
     checkpoint_path = state.restore()
     start_step = state.step
@@ -152,7 +154,7 @@ class _Run:
                                  stream=self.out, enabled=self.placement.is_chief)
 
     def evaluate(self):
-        metrics, line = build.evaluate_split(self.eval_loop, self.eval_data, self.task, self.data.num_test,
+        metrics, line = evaluate_split(self.eval_loop, self.eval_data, self.task, self.data.num_test,
                                              self.step)
         self.writers["eval"].write_scalars(self.step, metrics)
         self.monitor.after_eval(self.step)

@@ -23,7 +23,7 @@ units i, i+n, ...) when there are at least as many units as pipelines, else by D
 pipeline reads all units and keeps every n-th record): each example is read by one worker.
 
 Resume skips the records already trained without decoding them: the cost is reading and
-shuffling their bytes again (see README "Data" for measured seconds).
+shuffling their bytes again (docs/data.md has the measured seconds).
 """
 
 from __future__ import annotations

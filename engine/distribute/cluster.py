@@ -66,7 +66,7 @@ def parse_tf_config(raw: str | None) -> Cluster:
     if not raw or not raw.strip():
         raise UserError(
             "--strategy=multi_worker_mirrored needs TF_CONFIG (a JSON cluster spec) in the environment "
-            "of every worker, or --num_workers=N to start N local workers; see README 'Several machines'"
+            "of every worker, or --num_workers=N to start N local workers; see docs/strategies.md, 'Several machines'"
         )
     try:
         spec = json.loads(raw)

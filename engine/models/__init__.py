@@ -1,1 +1,3 @@
-"""Models: `registry.py` maps `--model` names to builders; `classifiers.py` holds the built-in ones."""
+"""Models: `registry.py` resolves `--model` (registered names, `module:function`,
+`path/file.py:function`, `keras.applications.NAME`); `classifiers.py` (cnn, cnn_bn, mlp) and
+`resnet.py` (resnet20) hold the built-in networks."""

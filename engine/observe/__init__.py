@@ -6,4 +6,5 @@
   hparams.py    the HParams session
   progress.py   the console progress line
   report.py     the start-up banner and the end-of-run summary
+  startup_noise.py  TensorFlow's C++ start-up lines: each once, INFO only with --verbosity
 """

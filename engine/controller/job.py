@@ -1,6 +1,6 @@
-"""Set-up pieces the training job (engine/controller/trainer.py) and the evaluation job
-(engine/controller/evaluator.py) share, so both build the model, optimizer and counters the same
-way (inside strategy.scope()) and evaluate the same way."""
+"""What every job (training: engine/controller/trainer.py; evaluation: engine/controller/evaluator.py)
+does before its Task exists: the job's context (the --precision dtype policy, bad input records
+turned into one line), seeding, and loading the Task class with its data."""
 
 from __future__ import annotations
 
@@ -9,15 +9,13 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from engine.controller.state import create_state
 from engine.data import pipelines, sources
 from engine.errors import UserError
-from engine.loop import ratios
 from engine.tasks.registry import load_task_class
 
 
 @contextlib.contextmanager
-def job(config):
+def context(config):
     """Around a whole job (training or evaluation): Keras' dtype policy set to --precision for the
     layers built inside (and put back after), and a bad record or file met while reading turned into
     a one-line UserError naming the source instead of TensorFlow's traceback."""
@@ -71,25 +69,3 @@ def load_data(config):
     task_class = load_task_class(config.task)
     data = sources.load_for_task(config, task_class)
     return task_class, data, pipelines.steps_per_epoch(data, config.global_batch)
-
-
-def build_task_state(config, placement, task_class, data, *, seed: int, total_steps: int, writable: bool = True):
-    """The Task and its TrainState (model, built optimizer, updater, counters) in strategy.scope().
-    writable=False: a checkpoint that only reads (an evaluator never saves into the run)."""
-    task = task_class(config, spec=data.spec)
-    task.total_steps = total_steps
-    state = create_state(placement.strategy, task, seed=seed, model_dir=config.model_dir,
-                         is_chief=placement.is_chief, keep=config.keep_checkpoints, writable=writable)
-    return task, state
-
-
-def evaluate_split(eval_loop, eval_data, task, num_test: int, step: int) -> tuple[dict, str]:
-    """Runs the eval loop over the whole test split: ({metric: value}, the console line). The
-    metrics include the Task's derived ones (e.g. perplexity from the per-token loss)."""
-    result = eval_loop(eval_data)
-    metrics, examples = ratios(result["totals"]), int(result["examples"].numpy())
-    metrics.update(task.derived_metrics(metrics))
-    seen = f"{examples} examples" if examples == num_test else (
-        f"{examples} examples evaluated, but the test split has {num_test}: its pipeline "
-        "missed or repeated some")
-    return metrics, f"eval   step {step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + f"  ({seen})"

@@ -1,7 +1,7 @@
 """Flag combinations the engine refuses, and the model property they depend on.
 
-Every combination of flags trains, except those listed in REFUSED (README: "Combinations that are
-refused, and why"). `check` is called once the Task's model exists (its layers decide) and before
+Every combination of flags trains, except those listed in REFUSED (docs/failures.md lists them
+with the reason and what to use instead). `check` is called once the Task's model exists (its layers decide) and before
 anything is traced or trained; it raises one UserError naming the flags and what to use instead.
 """
 
@@ -32,7 +32,7 @@ def _xla_with_cross_replica_layers(config, model, layers):
 
 
 # Rules (config, model, its cross-replica layers) -> the error message, or None when allowed.
-# Append one to refuse another combination (and list it in the README table).
+# Append one to refuse another combination (and list it in docs/failures.md).
 REFUSED = (_xla_with_cross_replica_layers,)
 
 

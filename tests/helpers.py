@@ -1,0 +1,180 @@
+"""Helpers the tests share: small configs, running run.py in a fresh process, reading what a run
+wrote (exported weights, checkpoints, TensorBoard events). Test modules import from here (or get
+fixtures from conftest.py); no test module imports another test module (tests/test_import_graph.py).
+conftest.py has already split the CPU into 2 logical devices when this module is imported."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from engine.config import Config
+from engine.data import tfrecord
+from engine.distribute.strategy import build_strategy
+from engine.loop import make_eval_loop
+from tasks import IdCountingTask
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEST_TASKS = os.path.join(REPO, "tests", "tasks.py")
+
+
+def small_config(model_dir, **overrides) -> Config:
+    """A fast run: synthetic data, few steps, fixed seed."""
+    settings = dict(
+        dataset="synthetic", synthetic_train_examples=1024, synthetic_test_examples=300,
+        global_batch=64, train_steps=6, steps_per_loop=3, seed=7, model_dir=str(model_dir),
+        export=False,
+    )
+    settings.update(overrides)
+    return Config(**settings)
+
+
+def exported_weights(model_dir) -> list:
+    model = keras.models.load_model(os.path.join(str(model_dir), "export", "model.keras"))
+    return [w.numpy() if hasattr(w, "numpy") else np.asarray(w) for w in model.weights]
+
+
+def exported_by_name(model_dir) -> dict:
+    """{weight path: array} of model_dir/export/model.keras."""
+    model = keras.models.load_model(os.path.join(str(model_dir), "export", "model.keras"))
+    return {w.path: np.asarray(w.numpy()) for w in model.weights}
+
+
+def trained_by_name(model_dir, **overrides) -> dict:
+    """Trains small_config(model_dir, export=True, **overrides) in this process; its exported weights
+    by path (for comparing runs, e.g. 2 replicas against 1)."""
+    from engine.controller.trainer import train
+
+    train(small_config(model_dir, **{**overrides, "export": True}), out=open(os.devnull, "w"))
+    return exported_by_name(model_dir)
+
+
+def max_difference_by_name(a: dict, b: dict, moving_only=False) -> float:
+    """The largest absolute difference between two {weight path: array} of the same model
+    (moving_only: batch norm's moving statistics only)."""
+    assert a.keys() == b.keys()
+    names = [n for n in a if "moving_" in n] if moving_only else list(a)
+    assert names
+    return max(float(np.max(np.abs(a[n] - b[n]))) for n in names)
+
+
+def tensorboard_run(logdir):
+    """An EventAccumulator with every event of a TensorBoard log directory loaded."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    accumulator = event_accumulator.EventAccumulator(str(logdir), size_guidance={"scalars": 0, "tensors": 0})
+    accumulator.Reload()
+    return accumulator
+
+
+def tensorboard_scalars(logdir) -> dict:
+    """{tag: [(step, value), ...]} of the scalars in a TensorBoard log directory."""
+    accumulator = tensorboard_run(logdir)
+    # tf.summary.* in TF 2 writes tensor events; EventAccumulator lists them under "tensors".
+    return {tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
+            for tag in accumulator.Tags()["tensors"]
+            if accumulator.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"}
+
+
+def _cli(args, env):
+    """The command line and environment of `python run.py args...`."""
+    return [sys.executable, os.path.join(REPO, "run.py"), *args], {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
+
+
+def run_cli(*args, timeout=240, env=None):
+    """Runs `python run.py args...` in a fresh process; returns the CompletedProcess."""
+    command, full_env = _cli(args, env)
+    return subprocess.run(command, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@dataclasses.dataclass
+class TimedRun:
+    returncode: int
+    lines: list  # (seconds since start, "out" or "err", line), in order of arrival
+    exited: float  # seconds since start
+
+    @property
+    def output(self) -> str:
+        return "".join(line for _, _, line in self.lines)
+
+    @property
+    def seconds_after_last_line(self) -> float:
+        return self.exited - (self.lines[-1][0] if self.lines else 0.0)
+
+
+def run_cli_timed(*args, timeout=240, env=None) -> TimedRun:
+    """Like run_cli, but notes when each stdout/stderr line arrived and when the process ended
+    (a reader thread per stream), e.g. to see how long it took to exit after its last line."""
+    command, full_env = _cli(args, env)
+    started = time.monotonic()
+    process = subprocess.Popen(command, cwd=REPO, env=full_env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, bufsize=1)
+    lines, lock = [], threading.Lock()
+
+    def read(stream, name):
+        for line in stream:
+            with lock:
+                lines.append((time.monotonic() - started, name, line))
+
+    readers = [threading.Thread(target=read, args=(stream, name), daemon=True)
+               for stream, name in ((process.stdout, "out"), (process.stderr, "err"))]
+    for reader in readers:
+        reader.start()
+    try:
+        process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+    exited = time.monotonic() - started
+    for reader in readers:
+        reader.join(timeout=10)  # the pipes close when the process ends
+    with lock:
+        return TimedRun(process.returncode, sorted(lines, key=lambda entry: entry[0]), exited)
+
+
+NO_DROPOUT = f"{TEST_TASKS}:CnnBnNoDropoutTask"  # cnn_bn, dropout 0, BN momentum 0.5
+
+
+def explain(proc) -> str:
+    return (f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n"
+            f"--- stderr ---\n{proc.stderr[-3000:]}")
+
+
+def checkpoint_state(model_dir) -> dict:
+    """{name: value} of the model and optimizer variables in the latest checkpoint."""
+    latest = tf.train.latest_checkpoint(os.path.join(str(model_dir), "checkpoints"))
+    reader = tf.train.load_checkpoint(latest)
+    return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(latest)
+            if name.startswith(("model/", "optimizer/", "global_step/", "epoch/"))}
+
+
+def stream_eval_totals(source, replicas: int, batch: int, task_class=IdCountingTask):
+    """(examples the engine counted, sum of their ids) of one distributed eval of a streamed source."""
+    strategy = build_strategy("mirrored", replicas).strategy
+    task = task_class(small_config("/unused"), spec=source.spec)
+    result = make_eval_loop(strategy, task)(strategy.distribute_datasets_from_function(source.eval_dataset_fn(batch)))
+    assert float(result["totals"]["mean_id"][1]) == float(result["examples"])  # the Task's count agrees
+    return float(result["examples"]), float(result["totals"]["mean_id"][0])
+
+
+def id_arrays(n, offset=0):
+    """Examples that carry their own id: features (4,) float32 all equal to the id, label id % 10."""
+    ids = np.arange(offset, offset + n)
+    return np.repeat(ids[:, None], 4, axis=1).astype(np.float32), (ids % 10).astype(np.int64)
+
+
+def id_shards(directory, n_train=200, n_test=1001, shards=4):
+    x, y = id_arrays(n_train)
+    xt, yt = id_arrays(n_test, offset=1000)
+    tfrecord.write_shards(str(directory), "train", x, y, shards)
+    tfrecord.write_shards(str(directory), "test", xt, yt, shards)
+    return f"tfrecord:{directory}/train-*.tfrecord,{directory}/test-*.tfrecord"

@@ -1,0 +1,98 @@
+"""The docs are true to the code: the generated flags reference is current, every Config field is
+a flag, the README stays a short front page whose test command is the one CI runs, and every
+relative link in README.md, BUILD.md and docs/ leads to a file and heading that exist."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+import pytest
+from absl import flags as absl_flags
+
+from engine.config import Config
+from flags import reference
+from flags.definitions import define_flags
+from helpers import REPO
+
+pytestmark = pytest.mark.fast
+
+PAGES = ["README.md", "BUILD.md"] + sorted(os.path.join("docs", name) for name in os.listdir(os.path.join(REPO, "docs"))
+                                          if name.endswith(".md"))
+README_TEST_COMMAND = 'pip install -e ".[test]" && python -m pytest -q'
+
+
+def _read(path) -> str:
+    with open(os.path.join(REPO, path), encoding="utf-8") as f:
+        return f.read()
+
+
+def test_flags_reference_is_generated_from_the_definitions():
+    assert _read("docs/flags.md") == reference.render(), "docs/flags.md is stale: run `python -m flags.reference`"
+
+
+def test_flags_reference_changes_with_a_help_text(monkeypatch):
+    """A changed help text gives another page, so the test above fails until it is regenerated."""
+    original = absl_flags.DEFINE_integer
+
+    def changed(name, default, help, *args, **kwargs):
+        return original(name, default, help + (" CHANGED" if name == "global_batch" else ""), *args, **kwargs)
+
+    monkeypatch.setattr(absl_flags, "DEFINE_integer", changed)
+    page = reference.render()
+    assert page != _read("docs/flags.md") and "CHANGED" in page
+
+
+def test_every_config_field_is_a_flag_and_every_flag_a_field():
+    flag_values = absl_flags.FlagValues()
+    define_flags(flag_values)
+    assert {field.name for field in dataclasses.fields(Config)} == set(flag_values)
+
+
+def test_every_flag_is_in_the_reference_once():
+    page = _read("docs/flags.md")
+    flag_values = absl_flags.FlagValues()
+    define_flags(flag_values)
+    for name in flag_values:
+        assert len(re.findall(rf"^\| `--(?:\[no\])?{name}` \|", page, re.MULTILINE)) == 1, name
+
+
+def test_readme_is_a_short_front_page_with_the_ci_test_command():
+    readme = _read("README.md")
+    assert len(readme.encode()) <= 15_000
+    assert README_TEST_COMMAND in readme
+    ci = [line for line in _read(".ci/run").splitlines() if line.strip() and not line.startswith("#")]
+    assert ci[-1].strip() == README_TEST_COMMAND, ".ci/run must end with the README's test command"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path) -> set:
+    found, counts = set(), {}
+    for line in re.sub(r"```.*?```", "", _read(path), flags=re.S).splitlines():
+        match = re.match(r"^#{1,6}\s+(.*)", line)
+        if match:
+            slug = _slug(match.group(1))
+            found.add(slug if slug not in counts else f"{slug}-{counts[slug]}")
+            counts[slug] = counts.get(slug, 0) + 1
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_relative_links_lead_somewhere(page):
+    text = re.sub(r"```.*?```", "", _read(page), flags=re.S)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        resolved = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+        if not os.path.exists(os.path.join(REPO, resolved)):
+            broken.append(target)
+        elif anchor and resolved.endswith(".md") and anchor not in _anchors(resolved):
+            broken.append(target)
+    assert not broken, f"{page}: broken links {broken}"
