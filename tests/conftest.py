@@ -20,6 +20,12 @@ def tf_module():
     return tf
 
 
+def pytest_collection_modifyitems(config, items):
+    both = [item.nodeid for item in items if item.get_closest_marker("fast") and item.get_closest_marker("slow")]
+    if both:
+        raise pytest.UsageError(f"marked both fast and slow: {both}")
+
+
 # ---- the skip guard: CI tests every feature ----
 # A skipped test hides a feature from CI, so the run fails when a test skips for any reason except
 # missing hardware; such a skip's reason must start with ALLOWED_SKIP (e.g. "no GPU: ...").

@@ -96,3 +96,19 @@ def test_relative_links_lead_somewhere(page):
         elif anchor and resolved.endswith(".md") and anchor not in _anchors(resolved):
             broken.append(target)
     assert not broken, f"{page}: broken links {broken}"
+
+
+def test_readme_step_example_trains(tmp_path):
+    """The README's "Change the step" Task, as written, trains on 2 replicas with the engine."""
+    from engine.controller.trainer import train
+    from helpers import small_config
+
+    readme = _read("README.md")
+    section = readme[readme.index("## Change the step"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    path = tmp_path / "my_tasks.py"
+    path.write_text(code)
+    name = re.search(r"^class (\w+)\(Task\)", code, re.M).group(1)
+    result = train(small_config(tmp_path / "run", task=f"{path}:{name}", model="mlp", strategy="mirrored",
+                                cpu_replicas=2), out=open(os.devnull, "w"))
+    assert result.final_step == 6 and 0 < result.train_metrics["loss"] < 10

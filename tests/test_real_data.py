@@ -33,7 +33,6 @@ def test_two_replicas_learn_fashion_mnist(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.fast
 def test_full_three_epochs_on_two_replicas(tmp_path):
     result = run_cli("--strategy=mirrored", "--cpu_replicas=2", "--dataset=fashion_mnist",
                      "--global_batch=256", "--epochs=3", "--seed=1", f"--model_dir={tmp_path}", timeout=900)
@@ -42,7 +41,6 @@ def test_full_three_epochs_on_two_replicas(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.fast
 def test_cnn_bn_reaches_092(tmp_path):
     """The batch-norm CNN's measured run: 0.9204 test accuracy after 12 epochs with a cosine
     learning rate (5:06 on 2 cores); per-epoch accuracy 0.877, 0.892, ..., 0.920, 0.920, 0.920.
