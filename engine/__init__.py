@@ -7,10 +7,12 @@ This docstring and each package's own are the module map (one line per module); 
 where to change what, docs/ how to use it.
 
 The core a researcher touches (replica context, inside compiled loops):
-  task.py        the Task: build_model, build_optimizer, per_example_loss, train_step, eval_step
+  task.py        the Task: build_model, build_optimizer, build_extras, per_example_loss, train_step, eval_step
+  task_state.py  what a Task holds (models, optimizers, variables as attributes): found, checkpointed
   losses.py      replica_loss: sum of per-example losses / GLOBAL batch (+ scaled regularisation)
   loop.py        compiled inner loops: many `strategy.run` steps per tf.function call
-  update.py      the handed-over gradients: one all-reduce, unscale, finite check, clip, apply
+  update.py      the handed-over gradients of every optimizer: one all-reduce, unscale, finite check,
+                 clip, apply; the step's collectives and per-example seeds
   randomness.py  per-replica, per-step seeds for random layers and stateless ops
   optimizers.py  optimizer registry, schedules and weight decay
 Around it:

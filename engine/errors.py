@@ -18,6 +18,13 @@ class StopRun(Exception):
         return getattr(metadata, "cause_message", None) or str(self)
 
 
+class ExtraFailed(StopRun):
+    """Host-side work after training steps (summaries, best checkpoint, export) raised: the
+    checkpoint written before it is kept; run.py prints one line and exits 1 (a bug to fix)."""
+
+    exit_code = 1
+
+
 class UserError(StopRun):
     """A bad flag, file or setup. run.py prints its message as one line and exits 2.
 

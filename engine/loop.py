@@ -63,67 +63,78 @@ def _add(totals, more):
 class _TrainStep:
     """One replica's training step: micro-batches, then the engine's update."""
 
-    def __init__(self, task, names, accum_steps: int, jit_compile: bool, grad_norm: bool, keep_gradients: bool):
+    def __init__(self, task, names, accum_steps: int, jit_compile: bool, update_summaries: bool,
+                 keep_gradients: bool, models=None, strategy_name: str = ""):
         self.task, self.accum_steps = task, accum_steps
-        self.grad_norm, self.keep_gradients = grad_norm, keep_gradients
+        self.update_summaries, self.keep_gradients = update_summaries, keep_gradients
         self._step = _float32_outputs(task.train_step, names, "train_step")
         # What the last trace of the Task's step handed over (Python, trace time). Shared by the
         # replica threads on purpose: with jit_compile one trace serves every replica; the handed
         # structure (which gradients exist, their variables) is the same on all of them.
         self._handed = None
+        merge_calls = strategy_name in refused_combinations.MERGE_CALL_STRATEGIES
+        self.jit_strategy = strategy_name if jit_compile and merge_calls else None
         self._compute = tf.function(self._compute_fn, jit_compile=True) if jit_compile else self._compute_fn
+        # The state a skipped update puts back: every trained model's non-trainable variables.
+        self.models = list(models) if models is not None else [task.model]
         # A layer that all-reduces inside its call (synchronised batch norm) needs a merge_call,
         # which TensorFlow refuses inside a while_loop's body: such models run their micro-batches
         # unrolled in Python, each normalised by the statistics of that micro-batch on every replica.
-        self.unrolled = bool(refused_combinations.cross_replica_layers(task.model))
+        # So do steps that call Task.all_reduce (found when the loop body is traced: CollectiveInLoop).
+        self.unrolled = any(refused_combinations.cross_replica_layers(model) for model in self.models)
 
-    def _compute_fn(self, batch):
-        """The Task's step on one micro-batch -> (metrics, gradients handed over or [])."""
-        with update.collecting() as handed:
+    def _compute_fn(self, batch, example_offset, in_loop=False):
+        """The Task's step on one micro-batch -> (metrics, gradients handed over or [], whens)."""
+        with update.collecting(in_loop=in_loop, jit_strategy=self.jit_strategy,
+                               example_offset=example_offset) as handed:
             outputs = self._step(batch)
         self._handed = handed
-        return outputs, [g for g in (handed.gradients or []) if g is not None]
+        return outputs, handed.gradients, handed.whens()
 
-    def _micro_batches(self, batch):
+    def _micro_batches(self, batch, offset):
         """Sums metrics and gradients over the micro-batches of this replica's batch."""
         k = self.accum_steps
         split = tf.nest.map_structure(
             lambda t: tf.reshape(t, tf.concat([[k, tf.shape(t)[0] // k], tf.shape(t)[1:]], 0)), batch)
+        size = tf.shape(tf.nest.flatten(batch)[0])[0] // k
 
-        def add_micro_batch(i, outputs, gradients):
-            more, grads = self._compute(tf.nest.map_structure(lambda t: t[i], split))
-            return _add(outputs, more), [a + b for a, b in zip(gradients, grads)]
+        def add_micro_batch(i, outputs, gradients, whens, in_loop=False):
+            more, grads, whens = self._compute(tf.nest.map_structure(lambda t: t[i], split), offset + i * size,
+                                               in_loop)
+            return _add(outputs, more), [a + b for a, b in zip(gradients, grads)], whens
 
-        outputs, gradients = self._compute(tf.nest.map_structure(lambda t: t[0], split))
+        first = self._compute(tf.nest.map_structure(lambda t: t[0], split), offset)
         if self.unrolled:  # K is static: one copy of the step per micro-batch, no while_loop
             for i in range(1, k):
-                outputs, gradients = add_micro_batch(i, outputs, gradients)
-            return outputs, gradients
-        _, outputs, gradients = tf.while_loop(
-            lambda i, *_: i < k, lambda i, *acc: (i + 1, *add_micro_batch(i, *acc)),
-            (tf.constant(1), outputs, gradients))
-        return outputs, gradients
+                first = add_micro_batch(i, *first)
+            return first
+        _, *result = tf.while_loop(
+            lambda i, *_: i < k, lambda i, *acc: (i + 1, *add_micro_batch(i, *acc, in_loop=True)),
+            (tf.constant(1), *first))
+        return result
 
     def __call__(self, batch):
         # Read before the forward pass moves them: put back if the update is skipped.
-        kept_state = update.snapshot(self.task.model.non_trainable_variables)
+        kept_state = update.snapshot([v for model in self.models for v in model.non_trainable_variables])
+        # This replica's first example in the global batch (training batches are whole).
+        size = tf.shape(tf.nest.flatten(batch)[0])[0]
+        offset = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int32) * size
         if self.accum_steps == 1:
-            outputs, gradients = self._compute(batch)
+            outputs, gradients, whens = self._compute(batch, offset)
         else:
-            outputs, gradients = self._micro_batches(batch)
+            outputs, gradients, whens = self._micro_batches(batch, offset)
         handed, updater = self._handed, self.task.updater
-        if handed.gradients is None:  # the Task updated by itself (or not at all)
+        if not handed.hands:  # the Task updated by itself (or not at all)
             outcome = None
         else:
             if updater.loss_scaling and not handed.scaled:
                 raise UserError("--precision=mixed_float16 scales the loss: train_step must take the "
                                 "gradients of self.scale_loss(loss), not of the loss itself")
-            # `gradients` holds the handed-over ones that are not None: pair them with their variables.
-            variables = [v for g, v in zip(handed.gradients, handed.variables) if g is not None]
-            outcome = updater.apply(gradients, variables, kept_state)
-        if self.grad_norm:
-            outputs = dict(outputs, grad_norm=(tf.constant(0.0), tf.constant(0.0)) if outcome is None
-                           else (outcome.grad_norm, tf.constant(1.0)))
+            outcome = updater.apply(updater.groups(handed, whens), gradients, kept_state)
+        if self.update_summaries:
+            done = outcome.summaries if outcome is not None else {}
+            outputs = dict(outputs, **{name: (done[name], tf.constant(1.0)) if name in done
+                                       else (tf.constant(0.0), tf.constant(0.0)) for name in updater.summary_names})
         if outcome is None:
             return outputs, tf.constant(False), tf.constant(True), []
         kept = outcome.gradients if self.keep_gradients else []
@@ -145,22 +156,27 @@ def _reduce_and_add(strategy, totals, outputs):
 
 
 def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: int = 1, jit_compile: bool = False,
-                    skip_nonfinite: bool = False, grad_norm: bool = False, gradients: bool = False):
+                    skip_nonfinite: bool = False, update_summaries: bool = False, gradients: bool = False,
+                    models=None, strategy_name: str = ""):
     """train_loop(iterator, num_steps) -> dict with
-      totals: {name: (total, count)} summed over replicas and the good steps; with grad_norm also
-        "grad_norm" (mean global norm per step of the summed gradients, before clipping);
+      totals: {name: (total, count)} summed over replicas and the good steps; with update_summaries
+        also the updater's summaries (e.g. "grad_norm": mean global norm per step of the summed
+        gradients before clipping, "grad_norm/<optimizer>" for each other optimizer of the Task);
       steps: the steps run, each added to `global_step` as it ends, so the counter matches the weights;
       bad_steps: with skip_nonfinite, how many steps were bad (skipped); otherwise 1 when the loop
         stopped early at a bad step (the step numbered global_step + 1, not counted, not applied);
       skipped_updates: steps whose update did not happen (bad ones and loss-scale overflows);
       gradients (with `gradients`): the summed gradients of the loop's last step, as the first local
         replica holds them (the same on every replica), for histograms.
+    models: every model the Task trains (their non-trainable state is put back on a skipped step);
+    strategy_name: --strategy (a collective in an XLA-compiled step is refused under merge_call strategies).
     """
     metric_names = tuple(task.train_metrics)
-    names = metric_names + (("grad_norm",) if grad_norm else ())
-    replica_step = _TrainStep(task, metric_names, accum_steps, jit_compile, grad_norm, gradients)
+    summary_names = task.updater.summary_names if update_summaries else ()
+    names = metric_names + summary_names
+    replica_step = _TrainStep(task, metric_names, accum_steps, jit_compile, update_summaries, gradients,
+                              models=models, strategy_name=strategy_name)
 
-    @tf.function
     def train_loop(iterator, num_steps):
         totals = _zeros(names)
         steps = tf.constant(0, tf.int32)
@@ -175,8 +191,8 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
                 if len(local) == len(last):
                     last = [tf.cast(g, tf.float32) for g in local]
             # Computed from summed values, so any local replica's copy is everyone's value. The
-            # gradient norm stays out of the check: `bad` already covers the gradients.
-            checked = {k: v for k, v in step_totals.items() if k != "grad_norm"}
+            # update's summaries stay out of the check: `bad` already covers the gradients.
+            checked = {k: v for k, v in step_totals.items() if k not in summary_names}
             good = tf.logical_and(tf.logical_not(strategy.experimental_local_results(bad)[0]),
                                   update.all_finite(tf.nest.flatten(checked)))
             if not skip_nonfinite and not good:
@@ -193,7 +209,20 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
             result["gradients"] = last
         return result
 
-    return train_loop
+    compiled = [tf.function(train_loop)]
+
+    def run(iterator, num_steps):
+        try:
+            return compiled[0](iterator, num_steps)
+        except update.CollectiveInLoop:
+            # The step all-reduces (Task.all_reduce) inside the micro-batch while_loop, where
+            # MirroredStrategy cannot: trace again with the micro-batches unrolled (nothing ran yet).
+            replica_step.unrolled = True
+            compiled[0] = tf.function(train_loop)
+            return compiled[0](iterator, num_steps)
+
+    run.experimental_get_tracing_count = lambda: compiled[0].experimental_get_tracing_count()
+    return run
 
 
 def make_eval_loop(strategy, task):

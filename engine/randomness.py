@@ -100,12 +100,12 @@ def per_replica_randomness(model) -> int:
     return wrapped
 
 
-def replica_seed(global_seed: int, step, salt=0):
+def replica_seed(global_seed: int, step, salt=0, per_replica: bool = True):
     """A [2] int32 seed for tf.random.stateless_* ops: a function of (global_seed, step, salt,
     global replica id), so it differs per replica and per step and repeats run to run.
 
     Use a different `salt` for each independent draw within one step. Outside replica context (or
-    with one replica) the replica id is 0.
+    with one replica) the replica id is 0. per_replica=False: the same seed on every replica.
     """
     if global_seed is None or step is None:
         raise ValueError("replica_seed needs the run's seed and step (Task.seed and Task.global_step, "
@@ -113,6 +113,6 @@ def replica_seed(global_seed: int, step, salt=0):
     base = tf.stack([tf.constant(int(global_seed) % _INT32_RANGE, tf.int32),
                      tf.cast(tf.math.floormod(tf.cast(salt, tf.int64), _INT32_RANGE), tf.int32)])
     step = tf.cast(tf.math.floormod(tf.cast(step, tf.int64), _INT32_RANGE), tf.int32)
-    replica_id = _global_replica_id()
+    replica_id = _global_replica_id() if per_replica else None
     replica_id = 0 if replica_id is None else replica_id
     return tf.random.fold_in(tf.random.fold_in(base, step), tf.cast(replica_id, tf.int32))

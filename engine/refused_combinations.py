@@ -11,7 +11,7 @@ from engine.errors import UserError
 
 # Strategies whose replica-context all-reduce is a merge_call, which TensorFlow refuses inside a
 # nested tf.function (the XLA-compiled step).
-_MERGE_CALL_STRATEGIES = ("mirrored", "multi_worker_mirrored")
+MERGE_CALL_STRATEGIES = ("mirrored", "multi_worker_mirrored")
 
 
 def cross_replica_layers(model) -> list[str]:
@@ -24,7 +24,7 @@ def cross_replica_layers(model) -> list[str]:
 def _xla_with_cross_replica_layers(config, model, layers):
     """--jit_compile + synchronised batch norm under a mirrored strategy: TensorFlow refuses the
     layer's merge_call inside the nested XLA-compiled function (one replica or many)."""
-    if config.jit_compile and layers and config.strategy in _MERGE_CALL_STRATEGIES:
+    if config.jit_compile and layers and config.strategy in MERGE_CALL_STRATEGIES:
         return (f"--jit_compile with --strategy={config.strategy}: model {model.name!r} has synchronised batch "
                 f"norm ({', '.join(layers)}), whose all-reduce TensorFlow cannot run inside the XLA-compiled "
                 "step; drop --jit_compile, or train on one device (--strategy=default)")

@@ -8,6 +8,11 @@ Subclass `Task`, override `train_step` (and maybe `build_model`, `per_example_lo
 optimizer, compiles the loop, reduces what the steps return across replicas, logs, evaluates and
 checkpoints.
 
+A Task may hold more than one model: other models, optimizers, frozen teachers and variables
+created in `build_extras()` and kept as attributes are checkpointed automatically, and each
+optimizer handed gradients with `apply_gradients(..., optimizer=...)` gets the engine's update.
+docs/examples.md shows SAM, distillation, a gradient penalty and a GAN.
+
 Metrics are returned, not stored: a step returns {name: (total, count)} for this replica's
 examples, e.g. {"accuracy": (number correct, number of examples)}. The engine sums totals and
 counts over replicas (strategy.reduce(SUM)) and over the steps of a loop, and reports
@@ -43,6 +48,9 @@ class Task:
     # The names train_step / eval_step return, in this order.
     train_metrics = ("loss", "accuracy")
     eval_metrics = ("loss", "accuracy")
+    # The model maps the data's features to one logit per class: the engine then draws confusion
+    # matrices and misclassified examples after each evaluation. Set False for other models (a GAN).
+    is_classifier = True
 
     # Optional: a staticmethod (serialized tf.train.Example) -> (features, label) for
     # --dataset=tfrecord:... files not in the default schema; it runs before the Task exists (its
@@ -97,6 +105,26 @@ class Task:
     def build_optimizer(self) -> keras.optimizers.Optimizer:
         return build_optimizer(self.config, self.total_steps)
 
+    def build_extras(self) -> None:
+        """Create the Task's other state here, as attributes: more models, optimizers (build each:
+        `opt.build(variables)`), frozen models (`self.load_frozen(...)`), tf.Variables. Runs inside
+        strategy.scope() after self.model and self.optimizer exist, so adding a model here never
+        changes the main model's initial weights. Everything reachable from the Task's attributes
+        (lists and dicts too) is checkpointed and restored on resume; a resume from a checkpoint
+        with an attribute more or less is refused. Default: nothing."""
+
+    def load_frozen(self, model_or_path) -> keras.Model:
+        """A model that is never trained (a teacher): a keras.Model or the path of a `.keras` file,
+        returned with trainable=False. Call it in build_extras and keep it as an attribute (it is
+        checkpointed with the Task)."""
+        if isinstance(model_or_path, (str, bytes)) or hasattr(model_or_path, "__fspath__"):
+            try:
+                model_or_path = keras.models.load_model(model_or_path, compile=False)
+            except (OSError, ValueError) as err:
+                raise UserError(f"cannot load the frozen model {model_or_path}: {str(err).splitlines()[0]}") from None
+        model_or_path.trainable = False
+        return model_or_path
+
     # ---- in the input pipeline (tf.data, per example) ----
     def augment_example(self, features, label, seed):
         """Training augmentation of ONE example (override it; the default changes nothing and costs
@@ -140,23 +168,59 @@ class Task:
         divides the gradients by the same scale after summing them."""
         return self.updater.scale(loss) if self.updater is not None else loss
 
-    def apply_gradients(self, gradients, variables=None):
-        """Hands this replica's gradients (of self.scale_loss(loss)) to the engine, once per step.
+    def apply_gradients(self, gradients, variables=None, *, optimizer=None, when=None):
+        """Hands this replica's gradients (of self.scale_loss(loss)) to the engine, once per
+        optimizer and step.
 
-        After train_step returns, the engine sums them over micro-batches (--grad_accum_steps) and
-        over ALL replicas and workers (one all-reduce), unscales them, checks them for NaN/Inf (a
-        bad step leaves weights and optimizer state untouched; --on_nonfinite says whether the run
-        stops), clips their global norm (--clip_norm) and applies them with self.optimizer.
-        `variables` defaults to the model's trainable variables, in the order of `gradients`.
+        After train_step returns, the engine sums the gradients of every optimizer over
+        micro-batches (--grad_accum_steps) and over ALL replicas and workers (one all-reduce),
+        unscales them, checks them all for NaN/Inf (a bad step leaves every model's weights and
+        every optimizer's state untouched; --on_nonfinite says whether the run stops), clips each
+        optimizer's global norm (--clip_norm) and applies them: every update sees the pre-step weights.
+
+        optimizer: None for self.optimizer, or another optimizer the Task holds (see build_extras);
+          then `variables` is required. `variables` defaults to the model's trainable variables.
+        when: a scalar bool, the same on every replica (compute it from self.global_step, never from
+          data): the optimizer steps only where it is True, e.g. `when=self.global_step % 2 == 0`.
+          The gradients are all-reduced every step, so no collective ever runs inside a cond.
         (Calling self.optimizer.apply_gradients yourself also works, without those guarantees.)
         """
-        variables = self.model.trainable_variables if variables is None else variables
-        update.hand_over(gradients, variables)
+        if variables is None:
+            if optimizer is not None and optimizer is not self.optimizer:
+                raise UserError("self.apply_gradients(optimizer=...) needs the variables it updates")
+            variables = self.model.trainable_variables
+        update.hand_over(gradients, variables, None if optimizer is self.optimizer else optimizer, when)
+
+    def all_reduce(self, value):
+        """SUM of a tensor (or a list of them) over every replica and worker, inside train_step: the
+        one safe way for a step to see a cross-replica value (a raw merge_call is not). It works with
+        --grad_accum_steps (the micro-batches then run unrolled); with --jit_compile under a mirrored
+        strategy the step is refused with one line."""
+        return update.all_reduce(value)
+
+    def global_norm(self, gradients):
+        """The global norm of `gradients` summed over every replica (one all-reduce of them): what
+        the engine's clipping and grad_norm summary see for a whole (micro-)batch."""
+        return tf.linalg.global_norm(update.all_reduce(
+            [tf.cast(g, tf.float32) for g in gradients if g is not None], "self.global_norm"))
 
     def random_seed(self, salt=0):
         """A [2] int32 seed for tf.random.stateless_* ops in a step: differs per replica and per
         step, repeats with --seed. Use a different `salt` for each independent draw in one step."""
         return replica_seed(self.seed, self.global_step, salt)
+
+    def example_seeds(self, n, salt=0):
+        """[n, 2] int64 seeds, one per example of this replica's batch in train_step, from (--seed,
+        step, salt, the example's index in the GLOBAL batch): per-example noise that is the same
+        whatever the replica count or --grad_accum_steps."""
+        return update.example_seeds(replica_seed(self.seed, self.global_step, salt, per_replica=False), n)
+
+    def example_normal(self, n, shape, salt=0):
+        """[n, *shape] float32 standard-normal noise, each example's drawn from its example_seeds
+        (e.g. a GAN's latent vectors)."""
+        seeds = self.example_seeds(n, salt)
+        return tf.map_fn(lambda seed: tf.random.stateless_normal(tuple(shape), seed), seeds,
+                         fn_output_signature=tf.float32)
 
     def eval_step(self, batch) -> dict:
         images, labels = batch

@@ -149,12 +149,13 @@ def explain(proc) -> str:
             f"--- stderr ---\n{proc.stderr[-3000:]}")
 
 
-def checkpoint_state(model_dir) -> dict:
-    """{name: value} of the model and optimizer variables in the latest checkpoint."""
+def checkpoint_state(model_dir, prefixes=("model/", "optimizer/", "global_step/", "epoch/")) -> dict:
+    """{name: value} of the latest checkpoint's variables under `prefixes` (default: the model, the
+    optimizer and the counters; "task/" holds the Task's own state)."""
     latest = tf.train.latest_checkpoint(os.path.join(str(model_dir), "checkpoints"))
     reader = tf.train.load_checkpoint(latest)
     return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(latest)
-            if name.startswith(("model/", "optimizer/", "global_step/", "epoch/"))}
+            if name.startswith(tuple(prefixes))}
 
 
 def stream_eval_totals(source, replicas: int, batch: int, task_class=IdCountingTask):

@@ -17,8 +17,12 @@ from engine.errors import UserError
 
 
 class Checkpointer:
-    def __init__(self, model_dir: str, is_chief: bool, max_to_keep: int, writable: bool = True, **trackables):
+    def __init__(self, model_dir: str, is_chief: bool, max_to_keep: int, writable: bool = True, verify=None,
+                 **trackables):
+        """verify(path): raises UserError when the checkpoint at `path` must not be restored (it is
+        called before anything is restored)."""
         self.checkpoint = tf.train.Checkpoint(**trackables)
+        self.verify = verify
         self.real_dir = os.path.join(model_dir, "checkpoints")
         self._temp_dir = None if is_chief or not writable else tempfile.mkdtemp(prefix="ctl_worker_ckpt_")
         directory = self.real_dir if is_chief else self._temp_dir
@@ -41,6 +45,8 @@ class Checkpointer:
         UserError, one whose files are gone raises tf.errors.NotFoundError."""
         status = None
         try:
+            if self.verify is not None:
+                self.verify(path)
             status = self.checkpoint.restore(path)
             status.assert_existing_objects_matched()
         except tf.errors.NotFoundError:

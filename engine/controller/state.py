@@ -1,29 +1,36 @@
 """Everything a run trains and checkpoints, built inside strategy.scope(), and its restore.
 
-The Task's model, its optimizer (built before the first traced step: invariant 1) and the
-engine's updater, plus the run's counters: global_step (steps trained), epoch and the seed. The
-checkpoint also holds the loss scale (mixed_float16) and the random layers' seed states, so a
-resumed run continues exactly where it stopped.
+The Task's model, its optimizer (built before the first traced step: invariant 1), the Task's
+other state (models, optimizers, variables it holds as attributes: engine/task_state.py, built by
+Task.build_extras) and the engine's updater, plus the run's counters: global_step (steps trained),
+epoch and the seed. The checkpoint also holds the loss scale (mixed_float16) and the random layers'
+seed states, so a resumed run continues exactly where it stopped. A checkpoint whose Task state
+differs from the Task's (an attribute more or less) is refused, never half restored (invariant 11).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import keras
 import tensorflow as tf
 
-from engine import refused_combinations
+from engine import refused_combinations, task_state
 from engine.distribute import strategy as strategy_lib
 from engine.controller.checkpoints import Checkpointer
 from engine.optimizers import constant_rate
 from engine.randomness import per_replica_randomness, seed_generators
+from engine.errors import UserError
 from engine.update import Updater
 
+TASK_NODE = "task"  # the checkpoint's node for the Task's own state (attribute path -> object)
 
-def build_task(strategy, task) -> None:
-    """Inside strategy.scope(): the Task's model, its optimizer (built) and the engine's updater,
-    every variable checked to be in the scope."""
+
+def build_task(strategy, task) -> task_state.TaskState:
+    """Inside strategy.scope(): the Task's model, its optimizer (built), its extras
+    (Task.build_extras) and the engine's updater, every variable checked to be in the scope.
+    Returns the Task's own state (what the checkpoint holds besides the model and optimizer)."""
     task.model = task.build_model()
     refused_combinations.check(task.config, task.model)  # refused flag combinations, before any trace
     per_replica_randomness(task.model)  # Dropout & co. draw differently on each replica
@@ -31,8 +38,40 @@ def build_task(strategy, task) -> None:
     task.optimizer = task.build_optimizer()
     task.optimizer.build(task.model.trainable_variables)
     strategy_lib.check_variables_in_scope(strategy, task.optimizer.variables)
+    task.build_extras()  # after the main model: an extra model never moves its initial weights
+    extras = task_state.find(task)
+    for path, model in extras.models.items():
+        if isinstance(model, keras.Model) or model.weights:
+            refused_combinations.check(task.config, model)
+            per_replica_randomness(model)
+            strategy_lib.check_variables_in_scope(strategy, model.variables)
+    for path, optimizer in extras.optimizers.items():
+        if not optimizer.built:
+            raise UserError(f"the Task's optimizer self.{path} is not built: in build_extras(), call "
+                            f"self.{path}.build(variables) with the variables it will update")
+        strategy_lib.check_variables_in_scope(strategy, optimizer.variables)
     task.updater = Updater(task.optimizer, loss_scaling=task.config.precision == "mixed_float16",
-                           clip_norm=task.config.clip_norm)
+                           clip_norm=task.config.clip_norm, optimizers=extras.optimizers)
+    return extras
+
+
+def trained_models(task, extras: task_state.TaskState) -> list:
+    """The main model and every extra model that trains (a frozen one's state never changes)."""
+    return [task.model] + [model for model in extras.models.values()
+                           if model.trainable and model is not task.model]
+
+
+def check_task_state(extras: task_state.TaskState, path: str) -> None:
+    """Refuses (one line) a checkpoint whose Task state has an attribute more or less than the Task."""
+    held = task_state.top_level_names(path, TASK_NODE)
+    has = set(extras.trackables)
+    missing, unknown = sorted(has - held), sorted(held - has)
+    if missing:
+        raise UserError(f"checkpoint {path} lacks the Task's self.{missing[0]} (it would start from scratch, not "
+                        "resume); resume with the Task that wrote it, or use a new --model_dir")
+    if unknown:
+        raise UserError(f"checkpoint {path} holds self.{unknown[0]}, which this Task does not have; resume with "
+                        "the Task that wrote it, or use a new --model_dir")
 
 
 def _counter(name, value=0):
@@ -47,6 +86,12 @@ class TrainState:
     epoch: tf.Variable
     seed: tf.Variable
     checkpointer: Checkpointer
+    extras: task_state.TaskState
+    warned: set = dataclasses.field(default_factory=set)  # untracked attributes already reported
+
+    @property
+    def models(self) -> list:
+        return trained_models(self.task, self.extras)
 
     @property
     def step(self) -> int:
@@ -69,21 +114,37 @@ class TrainState:
         self.epoch.assign(epoch)
         return self.checkpointer.save(step)
 
+    def untracked_warnings(self) -> list[str]:
+        """One line per Task attribute that changed during training but that no checkpoint holds
+        (each reported once): a resumed run would start it again from its first value."""
+        lines = []
+        for path in self.extras.changed_untracked(self.task):
+            if path not in self.warned:
+                self.warned.add(path)
+                kind = type(self.extras.untracked[path]).__name__
+                lines.append(f"warning: self.{path} ({kind}) changed during training, but no checkpoint can hold "
+                             "it: a resumed run starts it from its first value; keep it in a tf.Variable "
+                             "(created in build_extras)")
+        return lines
+
 
 def create_state(strategy, task, *, seed: int, model_dir: str, is_chief: bool, keep: int,
                  writable: bool = True) -> TrainState:
     with strategy.scope():
-        build_task(strategy, task)
+        extras = build_task(strategy, task)
         global_step, epoch, seed_variable = _counter("global_step"), _counter("epoch"), _counter("seed", seed)
     task.global_step, task.seed = global_step, seed
+    own_state = {TASK_NODE: tf.train.Checkpoint(**extras.trackables)} if extras.trackables else {}
+    models = [task.model] + [model for model in extras.models.values() if model is not task.model]
     checkpointer = Checkpointer(
-        model_dir, is_chief, keep, writable=writable,
+        model_dir, is_chief, keep, writable=writable, verify=functools.partial(check_task_state, extras),
         model=task.model, optimizer=task.optimizer, global_step=global_step, epoch=epoch, seed=seed_variable,
-        **task.updater.checkpoint_items(),
+        **task.updater.checkpoint_items(), **own_state,
         # Dropout & co.: a resumed run continues their random streams instead of restarting them.
-        random_states=[generator.state.value for generator in seed_generators(task.model)],
+        random_states=[generator.state.value for model in models for generator in seed_generators(model)],
     )
-    return TrainState(task=task, global_step=global_step, epoch=epoch, seed=seed_variable, checkpointer=checkpointer)
+    return TrainState(task=task, global_step=global_step, epoch=epoch, seed=seed_variable, checkpointer=checkpointer,
+                      extras=extras)
 
 
 def build_task_state(config, placement, task_class, data, *, seed: int, total_steps: int, writable: bool = True):

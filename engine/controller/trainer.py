@@ -4,6 +4,7 @@ engine/task.py; what is built and checkpointed lives in engine/controller/state.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -23,7 +24,7 @@ from engine.controller.best import BestKeeper
 from engine.distribute import strategy as strategy_lib
 from engine.distribute.agreement import agree
 from engine.distribute.cluster import parse_tf_config
-from engine.errors import NonFiniteLoss, Preempted, UserError
+from engine.errors import ExtraFailed, NonFiniteLoss, Preempted, StopRun, UserError
 from engine.loop import make_eval_loop, make_train_loop, ratios
 from engine.observe.monitor import Monitor, parse_profile_steps
 from engine.distribute.preemption import Watch
@@ -148,7 +149,8 @@ class _Run:
         self.train_loop = make_train_loop(
             strategy, task, self.state.global_step, accum_steps=config.grad_accum_steps,
             jit_compile=config.jit_compile, skip_nonfinite=config.on_nonfinite == "skip",
-            grad_norm=config.summaries == "full", gradients=config.histogram_every > 0)
+            update_summaries=config.summaries == "full", gradients=config.histogram_every > 0,
+            models=self.state.models, strategy_name=config.strategy)
         self.eval_loop = make_eval_loop(strategy, task)
         self.progress = Progress(self.schedule.total_steps, self.schedule.steps_per_epoch, self.start_step,
                                  stream=self.out, enabled=self.placement.is_chief)
@@ -157,20 +159,40 @@ class _Run:
         metrics, line = evaluate_split(self.eval_loop, self.eval_data, self.task, self.data.num_test,
                                              self.step)
         self.writers["eval"].write_scalars(self.step, metrics)
-        self.monitor.after_eval(self.step)
-        self.writers["eval"].flush()
         self.progress.message(line)
         self.eval_metrics = metrics
+        with self._extra("the evaluation's summaries (Task.after_eval, confusion matrix)"):
+            self.monitor.after_eval(self.step)
+        self.writers["eval"].flush()
         if self.best is not None:  # every worker: its checkpoint write may run collectives
-            kept = self.best.update(self.step, metrics, self.state.checkpointer.checkpoint, self.task.model)
+            with self._extra("--best_metric's best checkpoint"):
+                kept = self.best.update(self.step, metrics, self.state.checkpointer.checkpoint, self.task.model)
             if kept:
                 self.progress.message(kept)
+
+    @contextlib.contextmanager
+    def _extra(self, what: str):
+        """Host-side work after training steps (summaries, best, export): a failure there ends the
+        run in one line (exit 1) and keeps the checkpoint written before it (invariant 12)."""
+        try:
+            yield
+        except (StopRun, KeyboardInterrupt):
+            raise
+        except Exception as err:  # noqa: BLE001 - any failure of an extra: one line, training kept
+            saved = (f"training up to step {self.saved_step} is saved"
+                     + (f" ({self.checkpoint_path})" if self.checkpoint_path else "")) if self.saved_step else \
+                "no checkpoint was written yet"
+            first_line = (str(err).strip().splitlines() or [""])[0][:300]
+            raise ExtraFailed(f"{what} failed at step {self.step}: {type(err).__name__}: {first_line}; {saved}; "
+                              "rerun the same command to continue from it") from err
 
     def save(self):
         path = self.state.save(self.step, self.schedule.epoch(self.step))
         self.saved_step = self.step
         if self.placement.is_chief:
             self.checkpoint_path = path
+            for line in self.state.untracked_warnings():
+                self.progress.message(line)
 
     def train(self) -> RunResult:
         config, cluster = self.config, self.placement.cluster
@@ -194,8 +216,9 @@ class _Run:
                 peers.stop()  # the last collective is done; a worker that exits now is not lost
             if self.placement.is_chief and config.export:
                 export_path = os.path.join(config.model_dir, "export", "model.keras")
-                os.makedirs(os.path.dirname(export_path), exist_ok=True)
-                self.task.model.save(export_path)
+                with self._extra("the export"):
+                    os.makedirs(os.path.dirname(export_path), exist_ok=True)
+                    self.task.model.save(export_path)
         finally:
             self.monitor.stop_profiler()
             if peers:
@@ -232,9 +255,10 @@ class _Run:
                 + (f" ({self.checkpoint_path})" if self.checkpoint_path else "")
                 + "; lower --learning_rate, check the data, or use --on_nonfinite=skip")
         self.train_metrics = ratios(result["totals"])
+        for name in task.updater.summary_names:  # nan: that optimizer got no gradients in the loop
+            if math.isnan(self.train_metrics.get(name, 0.0)):
+                del self.train_metrics[name]
         self.train_metrics.update(task.derived_metrics(self.train_metrics))
-        if math.isnan(self.train_metrics.get("grad_norm", 0.0)):
-            del self.train_metrics["grad_norm"]  # nan: the Task applied no gradients via apply_gradients
         self.skipped_steps += bad
         if bad:
             self.progress.message(f"skipped {bad} of steps {step + 1}-{step + num_steps}: non-finite loss "
@@ -257,11 +281,11 @@ class _Run:
         })
         self.monitor.after_loop(step, first_call, result.get("gradients"))
         self.progress.update(step, self.train_metrics, examples_per_sec)
-        if schedule.eval_due(step):
-            self.evaluate()
-        if schedule.checkpoint_due(step):
+        if schedule.checkpoint_due(step):  # before the evaluation's extras: they cannot lose it
             self.save()
             self.writers["train"].flush()
+        if schedule.eval_due(step):
+            self.evaluate()
 
     def _result(self, export_path) -> RunResult:
         wall = time.perf_counter() - self.started

@@ -141,9 +141,9 @@ class Monitor:
         """(labels, predicted classes, the first wrong images) over every test example, from the
         chief's local copy of the weights: a plain forward pass outside strategy.run reads mirrored
         variables locally (no collective). None when the data has no classes or the model's outputs
-        are not one logit per class (a custom Task)."""
+        are not one logit per class (a custom Task), or the Task says it is no classifier."""
         model, spec = self.task.model, self.data.spec
-        if not spec.num_classes or spec.labels.shape.rank != 0:
+        if not getattr(self.task, "is_classifier", True) or not spec.num_classes or spec.labels.shape.rank != 0:
             return None
         if self._predict is None:
             @tf.function(input_signature=[tf.TensorSpec([None, *spec.input_shape], spec.features.dtype)])
