@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import NO_DROPOUT, explain, exported_weights, max_difference_by_name, run_cli, small_config
+from helpers import NO_DROPOUT, TEST_TASKS, explain, exported_weights, max_difference_by_name, run_cli, small_config
 from engine.controller.state import create_state
 from engine.controller.trainer import train
 from engine.data.builtin import synthetic_arrays
@@ -39,7 +39,9 @@ FEATURES = (
     ("model", {"cnn": ("--model=cnn",), "cnn_bn": ("--model=cnn_bn",), "mlp": ("--model=mlp",)}),
     ("precision", {p: (f"--precision={p}",) for p in ("float32", "mixed_bfloat16", "mixed_float16")}),
     ("accum", {"accum1": ("--grad_accum_steps=1",), "accum2": ("--grad_accum_steps=2",)}),
-    ("task", {"classification": ("--task=classification",), "label_smoothing": ("--task=label_smoothing",)}),
+    ("task", {"classification": ("--task=classification",), "label_smoothing": ("--task=label_smoothing",),
+              # two models, two optimizers through the engine's one update path (issue 23)
+              "two_optimizers": (f"--task={TEST_TASKS}:ProbeTask",)}),
     ("on_nonfinite", {"stop": ("--on_nonfinite=stop",), "skip": ("--on_nonfinite=skip",)}),
     ("optimizer", {"plain": (), "decay_warmup": ("--weight_decay=0.01", "--lr_schedule=warmup_cosine",
                                                    "--warmup_steps=1"),
