@@ -14,6 +14,7 @@ The core a researcher touches (replica context, inside compiled loops):
   update.py      the handed-over gradients of every optimizer: one all-reduce, unscale, finite check,
                  clip, apply; the step's collectives and per-example seeds
   randomness.py  per-replica, per-step seeds for random layers and stateless ops
+  ema.py         --ema_decay: the moving average of the weights, updated in the compiled step
   optimizers.py  optimizer registry, schedules and weight decay
 Around it:
   data/        sources, file readers, tf.data pipelines at the global batch

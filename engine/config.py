@@ -62,11 +62,17 @@ class Config:
     eval_every: int = 0  # 0: at each epoch end; -1: never in training (a sidecar evaluates).
     checkpoint_every: int = 0  # 0: at each epoch end.
     keep_checkpoints: int = 3
-    on_nonfinite: str = "stop"  # a NaN/Inf loss or gradient: "stop" the run, or "skip" the step.
+    on_nonfinite: str = "stop"  # a NaN/Inf loss or gradient: "stop" the run, "skip" the step, or "rollback".
+    max_rollbacks: int = 3  # --on_nonfinite=rollback: rollbacks before the run stops as with "stop".
+    loss_upper_bound: float = 0.0  # a training loss above this counts as a bad step (a spike); 0: off.
+    ema_decay: float = 0.0  # exponential moving average of the weights; 0: off.
+    early_stopping_patience: int = 0  # evaluations without improvement of --best_metric before stopping; 0: off.
+    early_stopping_min_delta: float = 0.0  # the least change of --best_metric that counts as improvement.
     allow_config_change: bool = False  # resume even if model/dataset/global_batch/task changed.
     # Output.
     model_dir: str = "runs/default"
     export: bool = True
+    export_formats: str = "keras"  # comma-separated: "keras" (export/model.keras), "saved_model" (serving).
     # TensorBoard extras (engine/observe/monitor.py).
     summaries: str = "full"  # "full": + grad_norm, images, hparams; "basic": loop scalars and config text.
     histogram_every: int = 0  # weight/gradient histograms every this many steps; 0: off.

@@ -157,7 +157,7 @@ def _reduce_and_add(strategy, totals, outputs):
 
 def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: int = 1, jit_compile: bool = False,
                     skip_nonfinite: bool = False, update_summaries: bool = False, gradients: bool = False,
-                    models=None, strategy_name: str = ""):
+                    models=None, strategy_name: str = "", loss_upper_bound: float = 0.0):
     """train_loop(iterator, num_steps) -> dict with
       totals: {name: (total, count)} summed over replicas and the good steps; with update_summaries
         also the updater's summaries (e.g. "grad_norm": mean global norm per step of the summed
@@ -170,6 +170,8 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
         replica holds them (the same on every replica), for histograms.
     models: every model the Task trains (their non-trainable state is put back on a skipped step);
     strategy_name: --strategy (a collective in an XLA-compiled step is refused under merge_call strategies).
+    loss_upper_bound: > 0: a step whose reduced "loss" exceeds it is bad too (a spike; its update has
+      happened, so use it where a bad step is not kept: stop or rollback).
     """
     metric_names = tuple(task.train_metrics)
     summary_names = task.updater.summary_names if update_summaries else ()
@@ -195,6 +197,9 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
             checked = {k: v for k, v in step_totals.items() if k not in summary_names}
             good = tf.logical_and(tf.logical_not(strategy.experimental_local_results(bad)[0]),
                                   update.all_finite(tf.nest.flatten(checked)))
+            if loss_upper_bound:
+                total, count = step_totals["loss"]
+                good = tf.logical_and(good, total <= loss_upper_bound * count)
             if not skip_nonfinite and not good:
                 bad_steps = tf.constant(1, tf.int32)
                 break

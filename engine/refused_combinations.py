@@ -31,9 +31,18 @@ def _xla_with_cross_replica_layers(config, model, layers):
     return None
 
 
+def _loss_bound_with_skip(config, model, layers):
+    """--loss_upper_bound judges the reduced loss, known only after the step's update: skipping
+    would keep an update made from the spike; stop and rollback never keep it."""
+    if config.loss_upper_bound and config.on_nonfinite == "skip":
+        return (f"--loss_upper_bound={config.loss_upper_bound:g} with --on_nonfinite=skip: a loss spike is seen "
+                "after its update, which skip would keep; use --on_nonfinite=rollback or stop")
+    return None
+
+
 # Rules (config, model, its cross-replica layers) -> the error message, or None when allowed.
 # Append one to refuse another combination (and list it in docs/failures.md).
-REFUSED = (_xla_with_cross_replica_layers,)
+REFUSED = (_xla_with_cross_replica_layers, _loss_bound_with_skip)
 
 
 def check(config, model) -> None:

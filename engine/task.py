@@ -234,6 +234,16 @@ class Task:
         others (console, TensorBoard, the run's result). Plain Python on the host. Default: none."""
         return {}
 
+    def actions(self) -> list:
+        """Host-side work of your own at known points of the run: engine/controller/actions/base.py
+        `Action` objects (after_loop, after_eval, at_end), run after the engine's. Default: none."""
+        return []
+
+    def export_model(self) -> keras.Model:
+        """What the export writes (export/model.keras, the SavedModel, best/model.keras): the main
+        model by default; e.g. a GAN's generator only."""
+        return self.model
+
     def after_eval(self, step: int, writer) -> None:
         """Called after each evaluation on the chief only (with --summaries=full), with the eval
         run's SummaryWriter (engine/observe/summaries.py: write_text, write_images, write_scalars).

@@ -195,8 +195,9 @@ class Updater:
     """Build inside strategy.scope() (it may own loss-scale variables). `optimizers`: {Task
     attribute name: optimizer} of the Task's other optimizers (built), each with its summary."""
 
-    def __init__(self, optimizer, *, loss_scaling: bool, clip_norm: float = 0.0, optimizers=None):
+    def __init__(self, optimizer, *, loss_scaling: bool, clip_norm: float = 0.0, optimizers=None, ema=None):
         self.optimizer = optimizer
+        self.ema = ema  # engine/ema.py WeightAverage (--ema_decay): moved after each applied update
         self.clip_norm = clip_norm
         self.loss_scaling = loss_scaling
         self.names = {id(optimizer): GRAD_NORM}
@@ -218,10 +219,12 @@ class Updater:
         return tuple(self.names.values())
 
     def checkpoint_items(self) -> dict:
-        """Variables a resumed run needs (the loss scale and its counter), for tf.train.Checkpoint."""
-        if not self.loss_scaling:
-            return {}
-        return {"loss_scale": self.loss_scale, "loss_scale_good_steps": self.good_steps}
+        """Variables a resumed run needs (the loss scale and its counter, the weight averages), for
+        tf.train.Checkpoint."""
+        items = self.ema.checkpoint_items() if self.ema is not None else {}
+        if self.loss_scaling:
+            items.update(loss_scale=self.loss_scale, loss_scale_good_steps=self.good_steps)
+        return items
 
     def scale(self, loss):
         """Task.scale_loss: the loss times the current loss scale (the loss itself without scaling)."""
@@ -310,6 +313,8 @@ class Updater:
                     step()
                 else:
                     tf.cond(first(next(conditions)), step, lambda: tf.constant(False))
+            if self.ema is not None:
+                self.ema.update(strategy)
             if self.loss_scaling:
                 grow = self.good_steps + 1 >= GROWTH_INTERVAL
                 self.loss_scale.assign(tf.where(grow, self.loss_scale * 2.0, self.loss_scale))

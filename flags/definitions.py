@@ -14,7 +14,7 @@ from engine.errors import UserError
 from engine.config import INPUT_MODES, LR_SCHEDULES, METRIC_DIRECTIONS, MODES, PRECISIONS, STRATEGIES, Config
 
 OPTIMIZERS = ("adam", "sgd")
-NONFINITE_ACTIONS = ("stop", "skip")
+NONFINITE_ACTIONS = ("stop", "skip", "rollback")
 
 # The headings of docs/flags.md (flags/reference.py): (heading, the first flag under it), in the
 # order define_flags declares them.
@@ -238,18 +238,46 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "Always also at the end.", lower_bound=0, **f)
     absl_flags.DEFINE_integer("keep_checkpoints", 3, "How many recent checkpoints of checkpoints/ to keep "
                               "(older ones are deleted; best/ is separate).", lower_bound=1, **f)
+    absl_flags.DEFINE_float(
+        "ema_decay", 0.0, "Keep an exponential moving average of the weights with this decay per update "
+        "(e.g. 0.999; warm-up min(decay, (1+t)/(10+t)) over t updates); evaluated next to the trained weights "
+        "(eval_ema/), and used by --best_metric, early stopping and the export. 0: off.", lower_bound=0.0,
+        upper_bound=0.999999, **f)
+    absl_flags.DEFINE_integer(
+        "early_stopping_patience", 0, "End training (exit 0, final checkpoint) after this many evaluations in a "
+        "row without an improvement of --best_metric by at least --early_stopping_min_delta. 0: off.",
+        lower_bound=0, **f)
+    absl_flags.DEFINE_float(
+        "early_stopping_min_delta", 0.0, "The least improvement of --best_metric (in its own units, e.g. 0.001 "
+        "accuracy) that resets --early_stopping_patience.", lower_bound=0.0, **f)
     absl_flags.DEFINE_enum(
         "on_nonfinite", "stop", NONFINITE_ACTIONS,
-        "A NaN or Inf loss or gradient (any replica): stop (end the run naming the step, exit 4, no "
-        "checkpoint of the bad weights) or skip (the step leaves weights and optimizer untouched).", **f)
+        "A NaN or Inf loss or gradient (any replica), or a loss above --loss_upper_bound: stop (end the run "
+        "naming the step, exit 4, no checkpoint of the bad weights), skip (the step leaves weights and optimizer "
+        "untouched) or rollback (restore the last checkpoint, move the data past the bad step, go on; "
+        "--max_rollbacks times at most, then stop).", **f)
+    absl_flags.DEFINE_integer(
+        "max_rollbacks", 3, "--on_nonfinite=rollback: rollbacks a run may make; the next bad step stops it "
+        "(exit 4). 0: stop at the first.", lower_bound=0, **f)
+    absl_flags.DEFINE_float(
+        "loss_upper_bound", 0.0, "A step whose training loss (the reduced `loss` metric) exceeds this counts as "
+        "bad, like a non-finite one (a loss spike); with --on_nonfinite=stop or rollback. 0: off.",
+        lower_bound=0.0, **f)
     # Output.
     absl_flags.DEFINE_string(
         "model_dir", None,
         "Directory for TensorBoard logs (train/, eval/), checkpoints (checkpoints/) and the exported "
         "model (export/model.keras). A directory holding a run resumes it from its latest "
         "checkpoint. Default: runs/<dataset>-<model>-<strategy>-<YYYYmmdd-HHMMSS> (a new run).", **f)
-    absl_flags.DEFINE_boolean("export", True, "Save the trained model to "
-                              "<model_dir>/export/model.keras (keras.models.load_model) at the end; --noexport skips it.", **f)
+    absl_flags.DEFINE_boolean("export", True, "Export the trained model at the end in --export_formats "
+                              "(chief only); --noexport skips it.", **f)
+    absl_flags.DEFINE_string(
+        "export_formats", "keras", "Comma-separated: keras (<model_dir>/export/model.keras, "
+        "keras.models.load_model) and/or saved_model (<model_dir>/export/saved_model/<step>/, a serving "
+        "signature on the data's raw examples: docs/serving.md).", **f)
+    absl_flags.register_validator(
+        "export_formats", lambda text: all(p.strip() in ("keras", "saved_model") for p in text.split(","))
+        and bool(text.strip()), message="use keras, saved_model or keras,saved_model", flag_values=flag_values)
     absl_flags.DEFINE_boolean(
         "allow_config_change", False,
         "Resume a --model_dir even though --model, --dataset, --global_batch, --task, --optimizer, "

@@ -11,6 +11,7 @@ from engine.tasks.language_model import LanguageModelTask
 from engine.losses import per_replica_mean_loss, replica_loss
 from engine.models.classifiers import cnn_bn
 from engine.task import Task, classification_metrics
+from examples.gan import GanTask
 
 
 class PerReplicaMeanTask(Task):
@@ -356,3 +357,18 @@ class FailingAfterEvalTask(Task):
 
     def after_eval(self, step, writer):
         raise ValueError("after_eval fails on purpose")
+
+
+
+class CrashingSummariesGanTask(GanTask):
+    """The GAN example whose evaluation extras crash: its training must survive in the checkpoint."""
+
+    def after_eval(self, step, writer):
+        raise RuntimeError("the summaries crash on purpose")
+
+
+class GanWithoutDiscriminatorTask(GanTask):
+    """The GAN example edited to drop its discriminator: resuming a GAN checkpoint must be refused."""
+
+    def build_extras(self):
+        pass

@@ -10,4 +10,8 @@
   checkpoints.py  tf.train.Checkpoint + CheckpointManager (non-chief workers in a temp dir)
   run_record.py   model_dir/config.json: written on a fresh run, compared on resume
   best.py         --best_metric: the best checkpoint and model in model_dir/best/
+  rollback.py     --on_nonfinite=rollback: back to the last checkpoint, the data past the bad batch
+  export.py       the exporters: model.keras and the SavedModel with a raw-input serving signature
+  actions/        host-side work at known points (after a loop, after an eval, at the end):
+                  histograms, eval summaries, EMA evaluation, best, early stopping, export
 """

@@ -68,8 +68,9 @@ class BestKeeper:
         best = self.record["value"]
         return value > best if self.higher_is_better else value < best
 
-    def update(self, step: int, metrics: dict, checkpoint, model) -> str | None:
-        """Keeps this state when its metric beats the best so far; returns a console line if so."""
+    def update(self, step: int, metrics: dict, checkpoint, model, save_model=None) -> str | None:
+        """Keeps this state when its metric beats the best so far; returns a console line if so.
+        save_model(path): writes the model file (default model.save; e.g. with the EMA weights)."""
         value = float(metrics[self.name])
         if not self.better(value):
             return None
@@ -80,7 +81,7 @@ class BestKeeper:
             return None
         staging = tempfile.mkdtemp(prefix=".best-", dir=self.model_dir)
         checkpoint.write(os.path.join(staging, "ckpt"))
-        model.save(os.path.join(staging, "model.keras"))
+        (save_model or model.save)(os.path.join(staging, "model.keras"))
         self.record = {"metric": self.name, "higher_is_better": self.higher_is_better, "step": step,
                        "value": value, "checkpoint": os.path.join(self.directory, "ckpt")}
         with open(os.path.join(staging, FILE_NAME), "w") as f:

@@ -21,6 +21,7 @@ from engine.distribute import strategy as strategy_lib
 from engine.controller.checkpoints import Checkpointer
 from engine.optimizers import constant_rate
 from engine.randomness import per_replica_randomness, seed_generators
+from engine.ema import WeightAverage
 from engine.errors import UserError
 from engine.update import Updater
 
@@ -50,8 +51,9 @@ def build_task(strategy, task) -> task_state.TaskState:
             raise UserError(f"the Task's optimizer self.{path} is not built: in build_extras(), call "
                             f"self.{path}.build(variables) with the variables it will update")
         strategy_lib.check_variables_in_scope(strategy, optimizer.variables)
+    ema = WeightAverage(task.model, task.config.ema_decay) if task.config.ema_decay else None
     task.updater = Updater(task.optimizer, loss_scaling=task.config.precision == "mixed_float16",
-                           clip_norm=task.config.clip_norm, optimizers=extras.optimizers)
+                           clip_norm=task.config.clip_norm, optimizers=extras.optimizers, ema=ema)
     return extras
 
 
@@ -87,7 +89,16 @@ class TrainState:
     seed: tf.Variable
     checkpointer: Checkpointer
     extras: task_state.TaskState
+    # Batches skipped past bad steps by rollbacks (the data position is global_step + data_offset),
+    # and how many rollbacks the run made: both checkpointed.
+    data_offset: tf.Variable
+    rollbacks: tf.Variable
     warned: set = dataclasses.field(default_factory=set)  # untracked attributes already reported
+
+    @property
+    def data_position(self) -> int:
+        """Global batches the data has delivered to the weights' state: steps plus those skipped by rollbacks."""
+        return self.step + int(self.data_offset.numpy())
 
     @property
     def models(self) -> list:
@@ -133,6 +144,7 @@ def create_state(strategy, task, *, seed: int, model_dir: str, is_chief: bool, k
     with strategy.scope():
         extras = build_task(strategy, task)
         global_step, epoch, seed_variable = _counter("global_step"), _counter("epoch"), _counter("seed", seed)
+        data_offset, rollbacks = _counter("data_offset"), _counter("rollbacks")
     task.global_step, task.seed = global_step, seed
     own_state = {TASK_NODE: tf.train.Checkpoint(**extras.trackables)} if extras.trackables else {}
     models = [task.model] + [model for model in extras.models.values() if model is not task.model]
@@ -140,11 +152,12 @@ def create_state(strategy, task, *, seed: int, model_dir: str, is_chief: bool, k
         model_dir, is_chief, keep, writable=writable, verify=functools.partial(check_task_state, extras),
         model=task.model, optimizer=task.optimizer, global_step=global_step, epoch=epoch, seed=seed_variable,
         **task.updater.checkpoint_items(), **own_state,
+        **({"data_offset": data_offset, "rollbacks": rollbacks} if task.config.on_nonfinite == "rollback" else {}),
         # Dropout & co.: a resumed run continues their random streams instead of restarting them.
         random_states=[generator.state.value for model in models for generator in seed_generators(model)],
     )
     return TrainState(task=task, global_step=global_step, epoch=epoch, seed=seed_variable, checkpointer=checkpointer,
-                      extras=extras)
+                      extras=extras, data_offset=data_offset, rollbacks=rollbacks)
 
 
 def build_task_state(config, placement, task_class, data, *, seed: int, total_steps: int, writable: bool = True):

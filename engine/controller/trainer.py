@@ -20,7 +20,8 @@ from engine.observe import report
 from engine.controller import job, run_record
 from engine.controller.state import build_task_state
 from engine.controller.evaluation import evaluate_split
-from engine.controller.best import BestKeeper
+from engine.controller.actions import engine_actions
+from engine.controller.rollback import Rollback
 from engine.distribute import strategy as strategy_lib
 from engine.distribute.agreement import agree
 from engine.distribute.cluster import parse_tf_config
@@ -47,6 +48,7 @@ class RunResult:
     export_path: str | None
     checkpoint_path: str | None
     skipped_steps: int = 0  # bad steps skipped with --on_nonfinite=skip
+    stopped_early: str | None = None  # why training ended before its last step (early stopping)
 
 
 def train(config, out=None) -> RunResult:
@@ -82,8 +84,6 @@ def _setup(config, out):
 
     task_class, data, steps_per_epoch = job.load_data(config)
     classes_changed = run_record.check_class_names(config, data.spec.class_names)
-    best = BestKeeper(config.model_dir, config.best_metric, metric_names=tuple(task_class.eval_metrics),
-                      is_chief=placement.is_chief) if config.best_metric else None
     eval_every = config.eval_every
     if cluster is not None and cluster.has_evaluator and eval_every >= 0:
         eval_every = -1  # the sidecar evaluates each checkpoint; never both
@@ -98,10 +98,20 @@ def _setup(config, out):
         histogram_every=config.histogram_every,
         marks=parse_profile_steps(config.profile_steps) or (),
     )
+    if config.loss_upper_bound and "loss" not in task_class.train_metrics:
+        raise UserError(f"--loss_upper_bound={config.loss_upper_bound:g}: --task={config.task} reports no "
+                        f"training 'loss' (it reports {', '.join(task_class.train_metrics)})")
+    if config.early_stopping_patience and eval_every < 0:
+        raise UserError(f"--early_stopping_patience={config.early_stopping_patience} needs training to evaluate: "
+                        "drop --eval_every=-1 and TF_CONFIG's evaluator task")
     task, state = build_task_state(config, placement, task_class, data, seed=seed,
                                          total_steps=schedule.total_steps)
+    actions = engine_actions(config, task, is_chief=placement.is_chief)  # before training: bad flags refused now
     checkpoint_path = state.restore()
     start_step = state.step
+    for action in actions:
+        if hasattr(action, "resume_at"):
+            action.resume_at(start_step)
     report.banner(config, placement, data, per_replica, schedule, task.seed, task.model, start_step, out)
     run_facts = {"engine_version": __version__, "replicas": placement.num_replicas, "effective_seed": task.seed}
     if data.spec.class_names:
@@ -110,7 +120,7 @@ def _setup(config, out):
         run_record.write(config, run_facts)
     return _Run(config=config, out=out, started=started, placement=placement, data=data, schedule=schedule,
                 task=task, state=state, run_facts=run_facts, start_step=start_step, checkpoint_path=checkpoint_path,
-                best=best)
+                actions=actions)
 
 
 def _train(config, out) -> RunResult:
@@ -131,29 +141,36 @@ class _Run:
     run_facts: dict
     start_step: int
     checkpoint_path: str | None
-    best: BestKeeper | None = None  # --best_metric: keeps model_dir/best/ after each evaluation
+    actions: list = dataclasses.field(default_factory=list)  # engine/controller/actions, in order
 
     def __post_init__(self):
         config, strategy, task = self.config, self.placement.strategy, self.task
         self.step = self.saved_step = self.start_step
         self.eval_metrics, self.train_metrics = {}, {}
         self.trained_examples, self.training_seconds, self.first_loop_seconds, self.skipped_steps = 0, 0.0, None, 0
-        self.writers = create_writers(config.model_dir, self.placement.is_chief)
+        self.ema_metrics, self.last_result, self.export_path, self.stop_reason = {}, None, None, None
+        self.writers = create_writers(config.model_dir, self.placement.is_chief,
+                                      ("train", "eval", "eval_ema") if config.ema_decay else ("train", "eval"))
         self.monitor = Monitor(config, self.writers, task, self.data, is_chief=self.placement.is_chief)
         if self.start_step == 0:
             self.monitor.at_start(report.config_markdown(config, self.run_facts), self.run_facts)
-        self.train_data = pipelines.distributed_train_data(
-            strategy, self.data, config, task.seed, skip_batches=self.start_step,
-            augment=task.example_augmentation(task.seed))
+        self.train_data = self._train_data()
         self.eval_data = pipelines.distributed_eval_data(strategy, self.data, config)
         self.train_loop = make_train_loop(
             strategy, task, self.state.global_step, accum_steps=config.grad_accum_steps,
             jit_compile=config.jit_compile, skip_nonfinite=config.on_nonfinite == "skip",
             update_summaries=config.summaries == "full", gradients=config.histogram_every > 0,
-            models=self.state.models, strategy_name=config.strategy)
+            models=self.state.models, strategy_name=config.strategy, loss_upper_bound=config.loss_upper_bound)
+        self.rollback = Rollback(config.max_rollbacks) if config.on_nonfinite == "rollback" else None
         self.eval_loop = make_eval_loop(strategy, task)
         self.progress = Progress(self.schedule.total_steps, self.schedule.steps_per_epoch, self.start_step,
                                  stream=self.out, enabled=self.placement.is_chief)
+
+    def _train_data(self):
+        """The distributed training data from the state's data position (steps + batches skipped by rollbacks)."""
+        return pipelines.distributed_train_data(
+            self.placement.strategy, self.data, self.config, self.task.seed, skip_batches=self.state.data_position,
+            augment=self.task.example_augmentation(self.task.seed))
 
     def evaluate(self):
         metrics, line = evaluate_split(self.eval_loop, self.eval_data, self.task, self.data.num_test,
@@ -161,14 +178,31 @@ class _Run:
         self.writers["eval"].write_scalars(self.step, metrics)
         self.progress.message(line)
         self.eval_metrics = metrics
-        with self._extra("the evaluation's summaries (Task.after_eval, confusion matrix)"):
-            self.monitor.after_eval(self.step)
-        self.writers["eval"].flush()
-        if self.best is not None:  # every worker: its checkpoint write may run collectives
-            with self._extra("--best_metric's best checkpoint"):
-                kept = self.best.update(self.step, metrics, self.state.checkpointer.checkpoint, self.task.model)
-            if kept:
-                self.progress.message(kept)
+        for action in self.actions:
+            with self._extra(action.name):
+                action.after_eval(self, metrics)
+
+    # ---- what actions see (engine/controller/actions/base.py) ----
+    def message(self, line: str) -> None:
+        self.progress.message(line)
+
+    def request_stop(self, reason: str) -> None:
+        """Training ends cleanly at the next loop boundary (checkpoint, evaluation, export)."""
+        self.stop_reason = self.stop_reason or reason
+
+    @property
+    def selection_metrics(self) -> dict:
+        """What --best_metric and early stopping judge: the EMA weights' metrics when EMA is on."""
+        return self.ema_metrics if self.config.ema_decay else self.eval_metrics
+
+    def weights_for_export(self):
+        """A block in which the model holds the weights to export or keep as best (the EMA ones with --ema_decay)."""
+        ema = self.task.updater.ema
+        return ema.swapped() if ema is not None else contextlib.nullcontext()
+
+    def save_model(self, path: str) -> None:
+        with self.weights_for_export():
+            self.task.export_model().save(path)
 
     @contextlib.contextmanager
     def _extra(self, what: str):
@@ -205,20 +239,25 @@ class _Run:
                 if self.step >= self.schedule.total_steps:
                     self.progress.message(f"model_dir already holds step {self.step} of "
                                           f"{self.schedule.total_steps}: nothing to train")
-                iterator = iter(self.train_data)
-                while self.step < self.schedule.total_steps:
+                self.iterator = iter(self.train_data)
+                if self.rollback is not None and self.checkpoint_path is None and self.step == 0:
+                    self.save()  # something to roll back to before the first scheduled checkpoint
+                while self.step < self.schedule.total_steps and not self.stop_reason:
                     if self.step > self.start_step and watch.stop_requested():  # at a loop boundary, everywhere
                         self._stop_for(watch.signal_name)
-                    self.run_loop(iterator)
+                    self.run_loop()
+            if self.stop_reason:
+                if self.saved_step != self.step:
+                    self.save()
+                self.progress.message(self.stop_reason)
             if not self.eval_metrics and self.schedule.eval_every >= 0:
                 self.evaluate()
+            for action in self.actions:  # every worker: an action may run collectives
+                with self._extra(action.name):
+                    action.at_end(self)
             if peers:
                 peers.stop()  # the last collective is done; a worker that exits now is not lost
-            if self.placement.is_chief and config.export:
-                export_path = os.path.join(config.model_dir, "export", "model.keras")
-                with self._extra("the export"):
-                    os.makedirs(os.path.dirname(export_path), exist_ok=True)
-                    self.task.model.save(export_path)
+            export_path = self.export_path
         finally:
             self.monitor.stop_profiler()
             if peers:
@@ -226,8 +265,6 @@ class _Run:
             for writer in self.writers.values():
                 writer.close()
             self.state.checkpointer.close()
-            if self.best is not None:
-                self.best.close()
         return self._result(export_path)
 
     def _stop_for(self, signal_name):
@@ -238,22 +275,27 @@ class _Run:
             f"{self.checkpoint_path or 'saved by the chief'}; rerun the same command to resume "
             "(a second signal ends the run at once)")
 
-    def run_loop(self, iterator):
+    def run_loop(self):
         """One compiled loop, then what is due after it: scalars, progress, eval, checkpoint."""
         config, schedule, task, step = self.config, self.schedule, self.task, self.step
         num_steps = schedule.next_loop_steps(step)
         first_call = self.first_loop_seconds is None
         self.monitor.before_loop(step, first_call)
         loop_start = time.perf_counter()
-        result = self.train_loop(iterator, tf.constant(num_steps, dtype=tf.int32))
+        result = self.train_loop(self.iterator, tf.constant(num_steps, dtype=tf.int32))
         seconds = time.perf_counter() - loop_start
         ran, bad = int(result["steps"].numpy()), int(result["bad_steps"].numpy())
-        if config.on_nonfinite == "stop" and bad:
+        if config.on_nonfinite != "skip" and bad:
+            bad_step = step + ran + 1
+            if self.rollback is not None and self.rollback.allowed(self.state):
+                self.progress.message(self.rollback.roll_back(self, bad_step))
+                return
             raise NonFiniteLoss(
-                f"non-finite loss or gradient at step {step + ran + 1} (NaN or Inf on at least one "
-                f"replica); nothing saved after step {self.saved_step}"
-                + (f" ({self.checkpoint_path})" if self.checkpoint_path else "")
-                + "; lower --learning_rate, check the data, or use --on_nonfinite=skip")
+                f"{_bad_step_cause(config)} at step {bad_step} (NaN, Inf or spike on at least one replica); nothing saved "
+                f"after step "
+                f"{self.saved_step}" + (f" ({self.checkpoint_path})" if self.checkpoint_path else "")
+                + (f"; {config.max_rollbacks} rollbacks made" if self.rollback is not None else "")
+                + "; lower --learning_rate, check the data, or use --on_nonfinite=skip or rollback")
         self.train_metrics = ratios(result["totals"])
         for name in task.updater.summary_names:  # nan: that optimizer got no gradients in the loop
             if math.isnan(self.train_metrics.get(name, 0.0)):
@@ -279,11 +321,15 @@ class _Run:
             "examples_per_sec": examples_per_sec,
             "loop_seconds": seconds,
         })
-        self.monitor.after_loop(step, first_call, result.get("gradients"))
+        self.monitor.after_loop(step, first_call)
+        self.last_result = result
         self.progress.update(step, self.train_metrics, examples_per_sec)
-        if schedule.checkpoint_due(step):  # before the evaluation's extras: they cannot lose it
+        if schedule.checkpoint_due(step):  # before the actions and the evaluation: they cannot lose it
             self.save()
             self.writers["train"].flush()
+        for action in self.actions:
+            with self._extra(action.name):
+                action.after_loop(self)
         if schedule.eval_due(step):
             self.evaluate()
 
@@ -295,10 +341,17 @@ class _Run:
             model_dir=self.config.model_dir, start_step=self.start_step, final_step=self.step,
             eval_metrics=self.eval_metrics, train_metrics=self.train_metrics, train_examples_per_sec=throughput,
             wall_seconds=wall, seconds_to_first_loop=self.first_loop_seconds or 0.0, export_path=export_path,
-            checkpoint_path=self.checkpoint_path, skipped_steps=self.skipped_steps)
+            checkpoint_path=self.checkpoint_path, skipped_steps=self.skipped_steps, stopped_early=self.stop_reason)
         if self.placement.is_chief:
             report.summary(result, self.out)
         return result
+
+
+def _bad_step_cause(config) -> str:
+    """What made a step bad, for the console line (the step number follows)."""
+    if config.loss_upper_bound:
+        return f"non-finite loss or gradient, or a loss above --loss_upper_bound={config.loss_upper_bound:g},"
+    return "non-finite loss or gradient"
 
 
 def _scalar(value) -> float:

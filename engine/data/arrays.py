@@ -47,7 +47,8 @@ class ArraySource:
                                       tf.zeros((1, *y_train.shape[1:]), y_train.dtype))
         self.spec = DataSpec(tf.TensorSpec(features.shape[1:], features.dtype),
                              tf.TensorSpec(labels.shape[1:], labels.dtype),
-                             num_classes if integer_labels else None, class_names)
+                             num_classes if integer_labels else None, class_names,
+                             raw_features=tf.TensorSpec(x_train.shape[1:], tf.as_dtype(x_train.dtype)))
 
     @property
     def num_train(self) -> int:

@@ -15,13 +15,16 @@ class DataSpec:
     features: tf.TensorSpec of one example's input (e.g. (28, 28, 1) float32 images in [0, 1],
               or (seq_len,) int32 tokens); labels: tf.TensorSpec of its target (() int32 class ids,
               or float targets for a regression Task); num_classes: how many classes (None when the
-              labels are not classes); class_names: their names when the source knows them.
+              labels are not classes); class_names: their names when the source knows them;
+              raw_features: one example as the source holds it before the engine's normalisation
+              (e.g. (28, 28) uint8), when known: what a SavedModel export's signature takes.
     """
 
     features: tf.TensorSpec
     labels: tf.TensorSpec
     num_classes: Optional[int] = None
     class_names: Optional[tuple] = None
+    raw_features: Optional[tf.TensorSpec] = None
 
     @classmethod
     def classification(cls, input_shape, num_classes: int, class_names=None) -> "DataSpec":

@@ -1,6 +1,7 @@
 """What the chief shows in TensorBoard beyond the per-loop scalars, decided between compiled loops:
 config text, sample inputs, HParams session, confusion matrix and misclassified images at each
-evaluation (and the Task's own `after_eval` extras), weight/gradient histograms, the traced train-step graph and the profiler window.
+evaluation (and the Task's own `after_eval` extras), the traced train-step graph and the profiler
+window. (Histograms: engine/controller/actions/histograms.py.)
 
 Nothing here runs a collective: on other workers the writers do nothing and the chief-only work
 (predictions for the images, the profiler) is skipped, so they never wait on it except at the next
@@ -89,18 +90,11 @@ class Monitor:
             tf.profiler.experimental.start(os.path.join(self.config.model_dir, "train"))
             self._profiling = True
 
-    def after_loop(self, step: int, first_call: bool, last_gradients=None) -> None:
+    def after_loop(self, step: int, first_call: bool) -> None:
         if first_call and self.config.trace_graph:
             self.writers["train"].write_graph_trace(step, "train_loop")
         if self._profiling and step >= self.profile[1]:
             self.stop_profiler()
-        every = self.config.histogram_every
-        if self.is_chief and every and step % every == 0:
-            variables = self.task.model.trainable_variables
-            histograms = {f"weights/{v.path}": v.numpy() for v in variables}
-            if last_gradients is not None:
-                histograms.update({f"gradients/{v.path}": g for v, g in zip(variables, last_gradients)})
-            self.writers["train"].write_histograms(step, histograms)
 
     def stop_profiler(self) -> None:
         if self._profiling:

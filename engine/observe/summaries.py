@@ -75,9 +75,7 @@ class SummaryWriter:
             self._writer.close()
 
 
-def create_writers(model_dir: str, is_chief: bool) -> dict:
-    """{"train": ..., "eval": ...} writing to model_dir/train and model_dir/eval on the chief."""
-    return {
-        split: SummaryWriter(os.path.join(model_dir, split) if is_chief else None)
-        for split in ("train", "eval")
-    }
+def create_writers(model_dir: str, is_chief: bool, splits=("train", "eval")) -> dict:
+    """{"train": ..., "eval": ...} writing to model_dir/train and model_dir/eval on the chief (and
+    model_dir/<split> for any other of `splits`, e.g. eval_ema)."""
+    return {split: SummaryWriter(os.path.join(model_dir, split) if is_chief else None) for split in splits}

@@ -1,0 +1,48 @@
+"""At the end of training, on the chief: the trained model in each of --export_formats,
+  keras        <model_dir>/export/model.keras (keras.models.load_model)
+  saved_model  <model_dir>/export/saved_model/<step>/ with a serving_default signature that takes
+               the data's raw examples (docs/serving.md)
+With --ema_decay the EMA weights are exported (the line says so). A Task may choose what is
+exported (e.g. a GAN's generator) by overriding `Task.export_model()`."""
+
+from __future__ import annotations
+
+import os
+
+from engine.controller import export as exporters
+from engine.controller.actions.base import Action
+
+FORMATS = ("keras", "saved_model")
+
+
+def parse_formats(text: str) -> tuple:
+    from engine.errors import UserError
+
+    formats = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown or not formats:
+        raise UserError(f"--export_formats={text!r}: use a comma-separated list of {', '.join(FORMATS)}")
+    return formats
+
+
+class Export(Action):
+    name = "the export"
+
+    def __init__(self, config):
+        self.formats = parse_formats(config.export_formats)
+
+    def at_end(self, run) -> None:
+        if not run.placement.is_chief:
+            return
+        directory = os.path.join(run.config.model_dir, "export")
+        model = run.task.export_model()
+        paths = []
+        with run.weights_for_export():
+            if "keras" in self.formats:
+                paths.append(exporters.export_keras(model, os.path.join(directory, "model.keras")))
+            if "saved_model" in self.formats:
+                paths.append(exporters.export_saved_model(model, run.data.spec, os.path.join(directory, "saved_model"),
+                                                          run.step))
+        run.export_path = paths[0] if paths else None
+        if len(paths) > 1 or run.config.ema_decay:
+            run.message("export " + ", ".join(paths) + (" (EMA weights)" if run.config.ema_decay else ""))

@@ -1,0 +1,81 @@
+"""A GAN (generator + discriminator, two Adam optimizers) as a Task, the pattern of TensorFlow's
+DCGAN tutorial: one forward pass, two tapes, both updates from the pre-step weights.
+
+    python run.py --task=examples/gan.py:GanTask --dataset=fashion_mnist --global_batch=256
+
+Shows: a second model and optimizer built in `build_extras` (checkpointed, restored on resume, a
+resume without them refused), `apply_gradients(..., optimizer=...)` (one all-reduce, finite check,
+clipping and a grad_norm/d_optimizer summary for both), `when=` for k discriminator updates per
+generator update without a collective inside a tf.cond, per-example latent vectors that do not
+depend on the replica count (`self.example_normal`), and a Task that is no classifier. The main
+model (and the export) is the generator: latent vector -> image in [0, 1].
+"""
+
+import keras
+import tensorflow as tf
+
+from engine.losses import replica_loss
+from engine.task import Task
+
+LATENT = 32
+
+
+def _bce(targets, logits):
+    return tf.nn.sigmoid_cross_entropy_with_logits(targets, tf.cast(tf.squeeze(logits, -1), tf.float32))
+
+
+class GanTask(Task):
+    is_classifier = False
+    train_metrics = ("d_loss", "g_loss")
+    eval_metrics = ("d_real", "d_fake")  # mean discriminator probability "real" on test images / on fakes
+    d_steps_per_g_step = 1  # k: the generator steps at every k-th step only
+
+    def build_model(self):  # the generator
+        size = int(tf.reduce_prod(self.input_shape))
+        return keras.Sequential([
+            keras.Input((LATENT,)), keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(size, activation="sigmoid"), keras.layers.Reshape(self.input_shape),
+        ], name="generator")
+
+    def build_extras(self):
+        self.discriminator = keras.Sequential([
+            keras.Input(self.input_shape), keras.layers.Flatten(), keras.layers.Dense(128),
+            keras.layers.LeakyReLU(0.2), keras.layers.Dense(1, dtype="float32"),
+        ], name="discriminator")
+        self.d_optimizer = keras.optimizers.Adam(2e-4, beta_1=0.5)
+        self.d_optimizer.build(self.discriminator.trainable_variables)
+
+    def train_step(self, batch):
+        images, _ = batch
+        n = tf.shape(images)[0]
+        z = self.example_normal(n, (LATENT,))  # the same latent vectors whatever the replica count
+        with tf.GradientTape() as g_tape, tf.GradientTape() as d_tape:
+            fakes = self.model(z, training=True)
+            real_logits = self.discriminator(images, training=True)
+            fake_logits = self.discriminator(fakes, training=True)
+            d_per_example = _bce(tf.ones([n]), real_logits) + _bce(tf.zeros([n]), fake_logits)
+            g_per_example = _bce(tf.ones([n]), fake_logits)
+            d_loss = self.scale_loss(replica_loss(d_per_example, self.global_batch))
+            g_loss = self.scale_loss(replica_loss(g_per_example, self.global_batch))
+        k = self.d_steps_per_g_step
+        self.apply_gradients(g_tape.gradient(g_loss, self.model.trainable_variables),
+                             when=None if k == 1 else tf.equal(self.global_step % k, 0))
+        self.apply_gradients(d_tape.gradient(d_loss, self.discriminator.trainable_variables),
+                             self.discriminator.trainable_variables, optimizer=self.d_optimizer)
+        count = tf.cast(n, tf.float32)
+        return {"d_loss": (tf.reduce_sum(d_per_example), count), "g_loss": (tf.reduce_sum(g_per_example), count)}
+
+    def eval_step(self, batch):
+        images, _ = batch
+        n = tf.shape(images)[0]
+        z = tf.random.stateless_normal([n, LATENT], self.random_seed(salt=1))
+        real = tf.sigmoid(tf.squeeze(self.discriminator(images, training=False), -1))
+        fake = tf.sigmoid(tf.squeeze(self.discriminator(self.model(z, training=False), training=False), -1))
+        count = tf.cast(n, tf.float32)
+        return {"d_real": (tf.reduce_sum(real), count), "d_fake": (tf.reduce_sum(fake), count)}
+
+
+class TwoDiscriminatorStepsGanTask(GanTask):
+    """k = 2: two discriminator updates per generator update."""
+
+    d_steps_per_g_step = 2
