@@ -64,7 +64,8 @@ def main(argv) -> int:
 
             # Every worker gets the same model_dir (a default one is resolved here, once).
             return launch(config.num_workers, [*sys.argv[1:], f"--model_dir={config.model_dir}"],
-                          script=os.path.abspath(__file__), evaluator=config.evaluator)
+                          script=os.path.abspath(__file__), evaluator=config.evaluator,
+                          max_restarts=config.max_restarts)
         config = _role(config)
         if config.mode != "train":
             from engine.controller.evaluator import evaluate
@@ -75,8 +76,13 @@ def main(argv) -> int:
 
         train(config)
         return 0
-    except StopRun as err:  # UserError (2), Preempted (3), NonFiniteLoss (4)
-        message, exit_code = f"{err.prefix}: {err.message}", err.exit_code
+    except StopRun as err:  # the codes: engine/exit_codes.py
+        from engine import exit_codes
+
+        exit_code = err.exit_code
+        message = f"{err.prefix}: {err.message}"
+        if exit_codes.retryable(exit_code):  # say so: a cluster manager (and a person) may restart it
+            message += f" (exit {exit_code}: {exit_codes.describe(exit_code)})"
     # `err` and the trainer's frames are gone now; collect them so TensorFlow's clean-up warnings
     # (e.g. "deleted with unrestored values" after a failed restore) come before the error line.
     import gc

@@ -25,6 +25,7 @@ Around it:
   controller/  the outer loop (trainer), the evaluation job, job set-up, schedule, state and
                checkpoints, run record, best checkpoint
   config.py, errors.py   the frozen run configuration and the errors a run stops with
+  exit_codes.py  the one table of exit codes: permanent ones small, the ones a restart cures >= 128
   refused_combinations.py  the flag combinations refused before training, one line each
   user_code.py  imports `package.module:NAME` / `path/file.py:NAME` for --task and --model
 """

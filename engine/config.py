@@ -30,6 +30,8 @@ class Config:
     cpu_replicas: int = 1
     collective_timeout: float = 300.0  # seconds before a missing multi-worker peer is an error.
     num_workers: int = 0  # > 0 without TF_CONFIG: start that many local workers.
+    max_restarts: int = 0  # --num_workers launcher: restarts of the whole cluster after a retryable failure.
+    stall_timeout: float = 600.0  # seconds without a completed step before a worker exits "stalled"; 0: off.
     input_mode: str = "distribute_dataset"  # or "per_worker"
     # Data.
     dataset: str = "synthetic"

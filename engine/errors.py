@@ -1,4 +1,7 @@
-"""The exceptions that end a run on purpose: run.py prints one line and exits with their code."""
+"""The exceptions that end a run on purpose: run.py prints one line and exits with their code
+(engine/exit_codes.py is the one table of codes)."""
+
+from engine import exit_codes
 
 
 class StopRun(Exception):
@@ -22,7 +25,7 @@ class ExtraFailed(StopRun):
     """Host-side work after training steps (summaries, best checkpoint, export) raised: the
     checkpoint written before it is kept; run.py prints one line and exits 1 (a bug to fix)."""
 
-    exit_code = 1
+    exit_code = exit_codes.BUG.code
 
 
 class UserError(StopRun):
@@ -31,17 +34,42 @@ class UserError(StopRun):
     The message names the bad input and says what to do; no traceback is shown.
     """
 
-    exit_code = 2
+    exit_code = exit_codes.BAD_INPUT.code
 
 
 class Preempted(StopRun):
     """SIGTERM/SIGINT: the run saved a checkpoint at a loop boundary; rerun the command to resume."""
 
-    exit_code = 3
+    exit_code = exit_codes.PREEMPTED.code
     prefix = "preempted"
 
 
 class NonFiniteLoss(StopRun):
     """A NaN/Inf loss or gradient with --on_nonfinite=stop; the last good checkpoint is kept."""
 
-    exit_code = 4
+    exit_code = exit_codes.NON_FINITE.code
+
+
+class PeerLost(StopRun):
+    """A worker of the cluster died or became unreachable while training (a restart may help)."""
+
+    exit_code = exit_codes.PEER_LOST.code
+
+
+class CollectiveFailed(StopRun):
+    """A collective failed or timed out with no worker known to be lost (a restart may help)."""
+
+    exit_code = exit_codes.COLLECTIVE_FAILED.code
+
+
+class ClusterNotFormed(StopRun):
+    """Not every worker of TF_CONFIG answered at start-up within --collective_timeout."""
+
+    exit_code = exit_codes.CLUSTER_NOT_FORMED.code
+
+
+class Stalled(StopRun):
+    """No training step completed for --stall_timeout seconds (engine/distribute/stall.py exits
+    with this code from its own thread; the class names the code for the table's tests)."""
+
+    exit_code = exit_codes.STALLED.code

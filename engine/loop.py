@@ -157,7 +157,7 @@ def _reduce_and_add(strategy, totals, outputs):
 
 def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: int = 1, jit_compile: bool = False,
                     skip_nonfinite: bool = False, update_summaries: bool = False, gradients: bool = False,
-                    models=None, strategy_name: str = "", loss_upper_bound: float = 0.0):
+                    models=None, strategy_name: str = "", loss_upper_bound: float = 0.0, fetched=None):
     """train_loop(iterator, num_steps) -> dict with
       totals: {name: (total, count)} summed over replicas and the good steps; with update_summaries
         also the updater's summaries (e.g. "grad_norm": mean global norm per step of the summed
@@ -170,6 +170,7 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
         replica holds them (the same on every replica), for histograms.
     models: every model the Task trains (their non-trainable state is put back on a skipped step);
     strategy_name: --strategy (a collective in an XLA-compiled step is refused under merge_call strategies).
+    fetched: a local int64 variable counting the batches taken from `iterator` (the stall watch's).
     loss_upper_bound: > 0: a step whose reduced "loss" exceeds it is bad too (a spike; its update has
       happened, so use it where a bad step is not kept: stop or rollback).
     """
@@ -186,7 +187,11 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
         skipped_updates = tf.constant(0, tf.int32)
         last = [tf.zeros(v.shape, tf.float32) for v in task.model.trainable_variables] if gradients else []
         for _ in tf.range(num_steps):
-            outputs, bad, applied, kept = strategy.run(replica_step, args=(next(iterator),))
+            batch = next(iterator)
+            if fetched is not None:  # once the batch arrived (iterator and counter share no resource)
+                with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)[:1]):
+                    fetched.assign_add(1)
+            outputs, bad, applied, kept = strategy.run(replica_step, args=(batch,))
             step_totals = _reduce(strategy, outputs)
             if gradients:
                 local = [strategy.experimental_local_results(g)[0] for g in kept]
@@ -230,10 +235,11 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
     return run
 
 
-def make_eval_loop(strategy, task):
+def make_eval_loop(strategy, task, progress=None):
     """eval_loop(distributed_dataset) -> {"totals": {name: (total, count)}, "examples": how many
     examples the replicas evaluated} over EVERY example of the dataset (the engine counts them
-    itself, so a run can check that the whole eval set was seen exactly once)."""
+    itself, so a run can check that the whole eval set was seen exactly once). `progress`: a local
+    int64 variable counting evaluated batches (the stall watch's)."""
     names = tuple(task.eval_metrics)
     task_step = _float32_outputs(task.eval_step, names, "eval_step")
 
@@ -247,6 +253,8 @@ def make_eval_loop(strategy, task):
             outputs, count = strategy.run(replica_step, args=(batch,))
             totals = _reduce_and_add(strategy, totals, outputs)
             examples += strategy.reduce(tf.distribute.ReduceOp.SUM, count, axis=None)
+            if progress is not None:
+                progress.assign_add(1)
         return {"totals": totals, "examples": examples}
 
     return eval_loop

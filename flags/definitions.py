@@ -108,6 +108,16 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "With --strategy=multi_worker_mirrored and no TF_CONFIG: start this many local worker "
         "processes on 127.0.0.1 (free ports, one TF_CONFIG each). With TF_CONFIG: must match its "
         "cluster size (0: not checked).", lower_bound=0, upper_bound=64, **f)
+    absl_flags.DEFINE_integer(
+        "max_restarts", 0, "With --num_workers (the local launcher): when a worker fails with a code a restart "
+        "may cure (>= 128: preempted, peer lost, stalled, ...; or killed by a signal), stop the others and "
+        "start the whole cluster again on fresh ports, resuming from the last checkpoint, up to this many "
+        "times. Permanent failures (1, 2, 4) are never retried.", lower_bound=0, **f)
+    absl_flags.DEFINE_float(
+        "stall_timeout", 600.0, "Seconds without a completed training step (or evaluation batch) after which "
+        "a worker writes every thread's stack to <model_dir>/stalls/, names the worker(s) that stopped, and "
+        "exits 151 (stalled). Must exceed the longest loop (--steps_per_loop steps); 0: off.",
+        lower_bound=0.0, **f)
     absl_flags.DEFINE_enum(
         "input_mode", "distribute_dataset", INPUT_MODES,
         "How training data reaches the replicas: distribute_dataset (one pipeline of global "
@@ -324,5 +334,8 @@ def config_from_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> 
         raise UserError(
             "--evaluator needs --strategy=multi_worker_mirrored --num_workers=N (the local launcher); on a "
             "cluster give TF_CONFIG an 'evaluator' task instead")
+    if v.max_restarts and not v.num_workers:
+        raise UserError(f"--max_restarts={v.max_restarts} needs --num_workers=N (the local launcher restarts its "
+                        "workers); on a cluster the cluster manager restarts them: see deploy/ and docs/strategies.md")
     values = {field.name: getattr(v, field.name) for field in dataclasses.fields(Config)}
     return Config(**{**values, "model_dir": model_dir})

@@ -372,3 +372,57 @@ class GanWithoutDiscriminatorTask(GanTask):
 
     def build_extras(self):
         pass
+
+
+def _worker_index() -> int:
+    """This process's TF_CONFIG task index (0 without TF_CONFIG)."""
+    import json
+    import os
+
+    return int(json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {}).get("index", 0))
+
+
+class BlockingInputTask(Task):
+    """The input pipeline of worker `blocked_worker` blocks once it reaches example `block_at`, as a
+    hung network filesystem would, while its process stays alive (until a file 'unblock' appears in
+    --model_dir)."""
+
+    blocked_worker = 0
+    block_at = 64 * 6
+
+    def augment_example(self, features, label, seed):
+        import os
+        import time
+
+        if _worker_index() != self.blocked_worker:
+            return features, label
+        flag = os.path.join(self.config.model_dir, "unblock")
+
+        def wait_for_the_filesystem(position):
+            if int(position) >= self.block_at:
+                while not os.path.exists(flag):
+                    time.sleep(0.1)
+            return position
+
+        position = tf.py_function(wait_for_the_filesystem, [seed[1]], tf.int64)
+        with tf.control_dependencies([position]):
+            return tf.identity(features), label
+
+
+class BlockingInputOnWorkerOneTask(BlockingInputTask):
+    blocked_worker = 1
+
+
+class KilledOnceTask(Task):
+    """Worker 1 kills itself with SIGKILL after its loop that ends at step 4, the first time only
+    (a marker file in --model_dir remembers), as an OOM killer or a lost machine would."""
+
+    def derived_metrics(self, metrics):
+        import os
+        import signal
+
+        marker = os.path.join(self.config.model_dir, "killed_once")
+        if _worker_index() == 1 and int(self.global_step.numpy()) >= 4 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {}

@@ -15,6 +15,7 @@ import pytest
 from helpers import REPO, TEST_TASKS, checkpoint_state, exported_weights, run_cli, small_config, tensorboard_run, tensorboard_scalars
 from engine.distribute.launch import worker_tf_configs
 from engine.controller.trainer import train
+from engine import exit_codes
 from engine.update import INITIAL_LOSS_SCALE
 
 # The same run as helpers.small_config(model="mlp"), as flags.
@@ -131,7 +132,7 @@ def test_killed_worker_is_named_within_the_timeout(tmp_path):
     finally:
         for process in processes:
             process.kill()
-    assert processes[0].returncode == 2, output[-3000:]
+    assert processes[0].returncode == exit_codes.PEER_LOST.code, output[-3000:]
     # The peer watchdog names it after --collective_timeout (10 s) unless the process is inside a
     # call that holds the GIL; then TensorFlow's own heartbeat (20-25 s here) ends the collective.
     assert elapsed < 45, elapsed
@@ -148,7 +149,7 @@ def test_worker_that_never_starts_is_named(tmp_path):
          "--collective_timeout=5", f"--model_dir={tmp_path}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
     )
-    assert alone.returncode == 2
+    assert alone.returncode == exit_codes.CLUSTER_NOT_FORMED.code
     worker1 = json.loads(tf_config)["cluster"]["worker"][1]
     assert f"missing worker(s): worker:1 at {worker1}" in alone.stderr.strip().splitlines()[-1]
     assert time.monotonic() - started < 40

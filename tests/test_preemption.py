@@ -1,4 +1,4 @@
-"""Preemption: SIGTERM/SIGINT finish the compiled loop in flight, save a checkpoint and exit 3;
+"""Preemption: SIGTERM/SIGINT finish the compiled loop in flight, save a checkpoint and exit 138;
 rerunning the same command resumes and ends with the weights of a run never interrupted."""
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import pytest
 import tensorflow as tf
 
 from helpers import REPO, checkpoint_state, exported_weights, small_config
+from engine import exit_codes
+from engine.distribute.launch import worker_tf_configs
 from engine.errors import Preempted
 from engine.controller.trainer import train
 
@@ -87,7 +89,7 @@ def test_sigterm_on_run_py_exits_3_and_the_rerun_ends_like_an_uninterrupted_run(
     proc.send_signal(signal.SIGTERM)
     _, stderr = _finish(proc, timeout=60)
     reader.join(timeout=10)
-    assert proc.returncode == 3, stderr[-3000:]
+    assert proc.returncode == exit_codes.PREEMPTED.code, stderr[-3000:]
     assert "Traceback" not in stderr
     last = [line for line in stderr.splitlines() if line.strip()][-1]
     assert last.startswith("preempted: SIGTERM at step ") and "rerun the same command" in last, stderr[-3000:]
@@ -122,12 +124,38 @@ def test_sigterm_to_the_launcher_stops_every_worker_at_one_step_and_resumes(tmp_
     finally:
         launcher.kill()
     output = "".join(lines)
-    assert launcher.returncode == 3, output[-3000:]
+    assert launcher.returncode == exit_codes.PREEMPTED.code, output[-3000:]
     stops = sorted({line.split(" at step ")[1].split(":")[0] for line in lines if "preempted: SIGTERM at step" in line})
     assert len(stops) == 1, output[-3000:]  # both workers stopped at the same step
     rerun = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert rerun.returncode == 0, rerun.stdout[-3000:]
     assert f"(resuming at step {stops[0]})" in rerun.stdout
+
+
+def test_sigterm_to_one_worker_of_a_cluster_stops_every_worker_at_one_step(tmp_path):
+    """A cluster manager preempts ONE pod: every worker checkpoints the same step and exits 138."""
+    processes = []
+    for tf_config in worker_tf_configs(2):
+        processes.append(subprocess.Popen(
+            [sys.executable, os.path.join(REPO, "run.py"), "--strategy=multi_worker_mirrored", "--collective_timeout=30",
+             *CLI, "--train_steps=300", f"--model_dir={tmp_path}"], cwd=REPO, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, env=dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3")))
+    outputs = []
+    try:
+        for line in processes[0].stdout:
+            outputs.append(line)
+            if line.startswith("epoch"):
+                processes[1].send_signal(signal.SIGTERM)
+                break
+        outputs = ["".join(outputs) + processes[0].communicate(timeout=120)[0], processes[1].communicate(timeout=60)[0]]
+    finally:
+        for process in processes:
+            process.kill()
+    assert [p.returncode for p in processes] == [exit_codes.PREEMPTED.code] * 2, outputs
+    stops = {line.split(" at step ")[1].split(":")[0] for output in outputs for line in output.splitlines()
+             if "preempted: " in line and " at step " in line}
+    assert len(stops) == 1, outputs
+    assert int(checkpoint_state(tmp_path)["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == int(stops.pop())
 
 
 def test_an_interrupted_checkpoint_write_leaves_the_previous_one_usable(tmp_path):

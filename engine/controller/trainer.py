@@ -32,6 +32,8 @@ from engine.distribute.preemption import Watch
 from engine.observe.progress import Progress
 from engine.controller.schedule import Schedule
 from engine.observe.summaries import create_writers
+from engine.distribute import stall
+from engine.distribute.launch import RESTARTS_ENV
 from engine.distribute.watchdog import PeerWatchdog, collective_failure
 
 
@@ -149,20 +151,24 @@ class _Run:
         self.eval_metrics, self.train_metrics = {}, {}
         self.trained_examples, self.training_seconds, self.first_loop_seconds, self.skipped_steps = 0, 0.0, None, 0
         self.ema_metrics, self.last_result, self.export_path, self.stop_reason = {}, None, None, None
+        self.stall_watch = None
         self.writers = create_writers(config.model_dir, self.placement.is_chief,
                                       ("train", "eval", "eval_ema") if config.ema_decay else ("train", "eval"))
         self.monitor = Monitor(config, self.writers, task, self.data, is_chief=self.placement.is_chief)
         if self.start_step == 0:
             self.monitor.at_start(report.config_markdown(config, self.run_facts), self.run_facts)
         self.train_data = self._train_data()
+        # The stall watch's counters, kept by the compiled loops only when it watches (one add per step).
+        self.fetched, self.eval_batches = stall.counters() if config.stall_timeout else (None, None)
         self.eval_data = pipelines.distributed_eval_data(strategy, self.data, config)
         self.train_loop = make_train_loop(
             strategy, task, self.state.global_step, accum_steps=config.grad_accum_steps,
             jit_compile=config.jit_compile, skip_nonfinite=config.on_nonfinite == "skip",
             update_summaries=config.summaries == "full", gradients=config.histogram_every > 0,
-            models=self.state.models, strategy_name=config.strategy, loss_upper_bound=config.loss_upper_bound)
+            models=self.state.models, strategy_name=config.strategy, loss_upper_bound=config.loss_upper_bound,
+            fetched=self.fetched)
         self.rollback = Rollback(config.max_rollbacks) if config.on_nonfinite == "rollback" else None
-        self.eval_loop = make_eval_loop(strategy, task)
+        self.eval_loop = make_eval_loop(strategy, task, progress=self.eval_batches)
         self.progress = Progress(self.schedule.total_steps, self.schedule.steps_per_epoch, self.start_step,
                                  stream=self.out, enabled=self.placement.is_chief)
 
@@ -221,6 +227,8 @@ class _Run:
                               "rerun the same command to continue from it") from err
 
     def save(self):
+        if self.stall_watch is not None:
+            self.stall_watch.touch()  # a long checkpoint write is progress, not a stall
         path = self.state.save(self.step, self.schedule.epoch(self.step))
         self.saved_step = self.step
         if self.placement.is_chief:
@@ -231,8 +239,17 @@ class _Run:
     def train(self) -> RunResult:
         config, cluster = self.config, self.placement.cluster
         peers = PeerWatchdog(cluster, config.collective_timeout) if cluster else None
+        self.stall_watch = stall.StallWatch(
+            config.stall_timeout, config.model_dir, self.state.global_step, self.fetched, self.eval_batches,
+            worker=cluster.task_index if cluster else 0, num_workers=cluster.num_workers if cluster else 1) \
+            if config.stall_timeout else None
+        restarts = os.environ.get(RESTARTS_ENV)
+        if restarts and self.placement.is_chief:
+            self.writers["train"].write_scalars(self.step, {"restarts": float(restarts)})
         export_path = None
         try:
+            if self.stall_watch is not None:
+                self.stall_watch.start()
             if peers:
                 peers.start()
             with Watch(self.placement.strategy, self.placement.num_workers) as watch:
@@ -255,10 +272,14 @@ class _Run:
             for action in self.actions:  # every worker: an action may run collectives
                 with self._extra(action.name):
                     action.at_end(self)
+            if self.stall_watch is not None:
+                self.stall_watch.stop()
             if peers:
                 peers.stop()  # the last collective is done; a worker that exits now is not lost
             export_path = self.export_path
         finally:
+            if self.stall_watch is not None:
+                self.stall_watch.stop()
             self.monitor.stop_profiler()
             if peers:
                 peers.stop()

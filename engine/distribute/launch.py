@@ -2,9 +2,12 @@
 TF_CONFIG starts N workers on 127.0.0.1 (like torchrun's standalone mode).
 
 Each worker gets free ports and its own consistent TF_CONFIG; output lines are prefixed with
-"[worker i]"; the first worker to fail stops the others; Ctrl-C or SIGTERM is passed on to every
-worker (they save a checkpoint and exit 3, see engine/distribute/preemption.py); the exit code is the first
-non-zero one. No TensorFlow is imported here.
+"[worker i]"; the first worker to fail stops the others (SIGTERM, then SIGKILL after a grace
+period); Ctrl-C or SIGTERM is passed on to every worker (they save a checkpoint and exit 138, see
+engine/distribute/preemption.py); the exit code is the first non-zero one. With max_restarts=K a
+failure a restart may cure (engine/exit_codes.py: >= 128, or killed by a signal) starts the whole
+cluster again on fresh ports, up to K times; the workers resume from the last checkpoint and the
+chief logs the count as the TensorBoard scalar `restarts`. No TensorFlow is imported here.
 
 With `evaluator=True` (`--evaluator`) one more process gets TF_CONFIG task type `evaluator` (its
 output prefixed "[evaluator]"): it evaluates each checkpoint beside the workers and is no member
@@ -25,7 +28,10 @@ import sys
 import threading
 import time
 
+from engine import exit_codes
+
 GRACE_SECONDS = 10.0  # for the other workers, after one failed
+RESTARTS_ENV = "CTL_ENGINE_RESTARTS"  # tells a restarted cluster's workers how many restarts came before
 PREEMPTION_GRACE_SECONDS = 120.0  # after Ctrl-C/SIGTERM: time to finish the loop and save
 
 
@@ -79,10 +85,27 @@ def _stop(processes, sig=signal.SIGTERM, grace: float = GRACE_SECONDS) -> None:
             process.kill()
 
 
-def launch(num_workers: int, args: list, script: str, out=None, evaluator: bool = False) -> int:
-    """Runs `python script args...` as `num_workers` workers (and an evaluator); returns the first
-    non-zero exit code of a worker, else the evaluator's (0 when all succeed)."""
+def launch(num_workers: int, args: list, script: str, out=None, evaluator: bool = False,
+           max_restarts: int = 0) -> int:
+    """Runs `python script args...` as `num_workers` workers (and an evaluator), restarting the
+    whole cluster up to `max_restarts` times after a retryable failure; returns 0 when the run
+    finished, else the last failing exit code (a worker's, else the evaluator's)."""
     out = out or sys.stdout
+    restarts = 0
+    while True:
+        code, interrupted = _launch_once(num_workers, args, script, out, evaluator, restarts)
+        if code == 0 or interrupted or restarts >= max_restarts or not exit_codes.retryable(code):
+            if code and max_restarts and not exit_codes.retryable(code):
+                out.write(f"launcher: exit {code} ({exit_codes.describe(code)}): not restarted\n")
+            return code
+        restarts += 1
+        out.write(f"launcher: restart {restarts} of {max_restarts} after exit {code} "
+                  f"({exit_codes.describe(code)}); the workers resume from the last checkpoint\n")
+        out.flush()
+
+
+def _launch_once(num_workers: int, args: list, script: str, out, evaluator: bool, restarts: int):
+    """One start of the cluster: (exit code, whether the launcher itself was interrupted)."""
     lock = threading.Lock()
     exits = queue.Queue()
     processes, relays = [], []
@@ -91,6 +114,8 @@ def launch(num_workers: int, args: list, script: str, out=None, evaluator: bool 
     for index, tf_config in enumerate(worker_tf_configs(num_workers, evaluator=evaluator)):
         name = f"worker {index}" if index < num_workers else "evaluator"
         env = dict(os.environ, TF_CONFIG=tf_config, PYTHONUNBUFFERED="1")
+        if restarts:
+            env[RESTARTS_ENV] = str(restarts)
         process = subprocess.Popen(
             [sys.executable, script, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, bufsize=1,
@@ -99,7 +124,7 @@ def launch(num_workers: int, args: list, script: str, out=None, evaluator: bool 
         relay = threading.Thread(target=_relay, args=(index, name, process, lock, out, exits), daemon=True)
         relay.start()
         relays.append(relay)
-    exit_code, evaluator_code, running = 0, 0, len(processes)
+    exit_code, evaluator_code, running, interrupted = 0, 0, len(processes), False
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         while running:
@@ -121,10 +146,12 @@ def launch(num_workers: int, args: list, script: str, out=None, evaluator: bool 
         sig = signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT
         with lock:
             out.write(f"launcher: {signal.Signals(sig).name}; stopping all workers\n")
-        _stop(processes, sig, grace=PREEMPTION_GRACE_SECONDS)  # workers save a checkpoint, exit 3
+        _stop(processes, sig, grace=PREEMPTION_GRACE_SECONDS)  # workers save a checkpoint, exit 138
         exit_code = next((p.returncode for p in processes if p.returncode), 128 + sig)
+        interrupted = True
     finally:
         signal.signal(signal.SIGTERM, previous)
     for relay in relays:
         relay.join(timeout=5)
-    return exit_code or evaluator_code
+    code = exit_code or evaluator_code
+    return (128 - code if code < 0 else code), interrupted  # killed by signal N: 128 + N, as a shell says

@@ -10,9 +10,10 @@ import sys
 import threading
 import time
 
-from engine.errors import UserError
+from engine import exit_codes
+from engine.errors import ClusterNotFormed, CollectiveFailed, PeerLost, UserError
 
-EXIT_CODE = 2
+EXIT_CODE = exit_codes.PEER_LOST.code
 
 
 def unreachable_workers(cluster, timeout: float = 1.0) -> list:
@@ -72,7 +73,7 @@ def rendezvous(cluster, timeout: float) -> None:
         listener.close()
     if missing:
         who = ", ".join(f"{t}:{i} at {a}" for t, i, a in missing)
-        raise UserError(
+        raise ClusterNotFormed(
             f"the cluster did not form within --collective_timeout={timeout:g} s; missing worker(s): "
             f"{who}. Start every worker with the same cluster in TF_CONFIG"
         )
@@ -110,21 +111,25 @@ class PeerWatchdog:
                 sys.stderr.write(
                     f"\nerror: lost worker(s) {who}: not reachable for {self.timeout:g} s "
                     "(--collective_timeout); the last checkpoint in model_dir is intact, restart "
-                    "every worker with the same flags to resume\n"
+                    f"every worker with the same flags to resume ({exit_codes.describe(EXIT_CODE)})\n"
                 )
                 sys.stderr.flush()
                 os._exit(EXIT_CODE)
 
 
 def collective_failure(err, cluster):
-    """A UserError for a collective that failed because a worker went away, naming it."""
+    """PeerLost naming the worker a failed collective lost, or CollectiveFailed when none is known."""
     import re
 
     named = sorted(set(re.findall(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)", str(err))))
     lost = [f"{t}:{i}" for t, i in named if (t, int(i)) != (cluster.task_type, cluster.task_index)]
-    lost = lost or [f"{t}:{i} at {a}" for t, i, a in unreachable_workers(cluster)] or ["unknown"]
+    lost = lost or [f"{t}:{i} at {a}" for t, i, a in unreachable_workers(cluster)]
     first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-    return UserError(
+    if not lost:
+        return CollectiveFailed(
+            f"a collective failed ({type(err).__name__}: {first}) with every worker reachable; the last "
+            "checkpoint in model_dir is intact, restart every worker with the same flags to resume")
+    return PeerLost(
         f"a collective failed, worker(s) lost: {', '.join(lost)} ({type(err).__name__}: {first}); "
         "the last checkpoint in model_dir is intact, restart every worker with the same flags to resume"
     )
