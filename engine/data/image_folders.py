@@ -223,9 +223,13 @@ def load(directory: str, config) -> streams.StreamSource:
             return to_image(path, tf.io.read_file(path)), label
 
     train_units, test_units = _units(train, class_ids), _units(test, class_ids)
+    # Served raw: the decoded uint8 image, which normalise_features maps as decode does; resized
+    # images have no raw tensor form of one shape (the resize works on the file's own size).
+    raw = None if config.image_size else tf.TensorSpec(shape, tf.uint8)
+    spec = DataSpec.classification(shape, len(class_names), class_names, raw_features=raw)
     return streams.StreamSource(
         name=f"images:{directory}", where=where, train_units=train_units, test_units=test_units,
-        read=read, decode=decode, spec=DataSpec.classification(shape, len(class_names), class_names),
+        read=read, decode=decode, spec=spec,
         num_train=streams.check_not_empty(where, "train", len(train_units[0])),
         num_test=streams.check_not_empty(where, "test", len(test_units[0])),
         shuffle_buffer=config.shuffle_buffer, cache=config.cache)

@@ -27,16 +27,17 @@ class DataSpec:
     raw_features: Optional[tf.TensorSpec] = None
 
     @classmethod
-    def classification(cls, input_shape, num_classes: int, class_names=None) -> "DataSpec":
+    def classification(cls, input_shape, num_classes: int, class_names=None, raw_features=None) -> "DataSpec":
         return cls(tf.TensorSpec(tuple(input_shape), tf.float32), tf.TensorSpec((), tf.int32),
-                   num_classes, tuple(class_names) if class_names else None)
+                   num_classes, tuple(class_names) if class_names else None, raw_features)
 
     @classmethod
-    def of(cls, element_spec, num_classes=None, class_names=None) -> "DataSpec":
-        """From a tf.data element_spec of (features, labels) examples (unbatched)."""
+    def of(cls, element_spec, num_classes=None, class_names=None, raw_features=None) -> "DataSpec":
+        """From a tf.data element_spec of (features, labels) examples (unbatched); `raw_features`:
+        one example before normalisation, when the source knows it."""
         features, labels = element_spec
         return cls(tf.TensorSpec(features.shape, features.dtype), tf.TensorSpec(labels.shape, labels.dtype),
-                   num_classes, tuple(class_names) if class_names else None)
+                   num_classes, tuple(class_names) if class_names else None, raw_features)
 
     @property
     def input_shape(self) -> tuple:

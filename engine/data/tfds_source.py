@@ -157,12 +157,17 @@ def load(argument: str, config) -> streams.StreamSource:
     features = info.features
     skip = {key: tfds.decode.SkipDecoding() for key in features.keys() if key not in (x_key, y_key)}
 
-    def decode(serialized):
+    def decode_raw(serialized):
         example = features.deserialize_example(serialized, decoders=skip)
-        return normalise_features(example[x_key], batched=False), normalise_labels(example[y_key])
+        return example[x_key], example[y_key]
+
+    def decode(serialized):
+        x, y = decode_raw(serialized)
+        return normalise_features(x, batched=False), normalise_labels(y)
 
     train_units, test_units = _units(info, "train", where), _units(info, test_split, where)
     x_spec, y_spec = tf.data.TFRecordDataset(train_units[:1]).map(decode).element_spec
+    raw = tf.data.TFRecordDataset(train_units[:1]).map(decode_raw).element_spec[0]
     if x_spec.shape.num_elements() is None:
         raise UserError(f"{where}: feature {x_key!r} has shape {x_spec.shape}; every example must have the same "
                         "shape (e.g. an Image feature with a fixed shape)")
@@ -171,7 +176,7 @@ def load(argument: str, config) -> streams.StreamSource:
     if y_spec.dtype.is_integer and num_classes is None:
         raise UserError(f"{where}: label {y_key!r} is not a ClassLabel; give --num_classes")
     spec = DataSpec.of((x_spec, y_spec), num_classes if y_spec.dtype.is_integer else None,
-                       getattr(label, "names", None))
+                       getattr(label, "names", None), raw_features=tf.TensorSpec(raw.shape, raw.dtype))
     return streams.StreamSource(
         name=f"tfds:{argument}", where=where, train_units=train_units, test_units=test_units,
         read=tf.data.TFRecordDataset, decode=decode, spec=spec,

@@ -44,7 +44,8 @@ def _first_example(path: str) -> tf.train.Example:
 
 
 def _default_schema(path: str, image_size: str = ""):
-    """(decode function, label feature) of the default schema, from the first record of `path`."""
+    """(decode function, label feature, raw features spec) of the default schema, from the first
+    record of `path`; the raw spec (one example before normalisation) is None for resized images."""
     features = _first_example(path).features.feature
     if "label" not in features or ("image" not in features and "x" not in features):
         raise UserError(
@@ -61,6 +62,8 @@ def _default_schema(path: str, image_size: str = ""):
         channels, size = shape[-1], image_folders.parse_image_size(image_size)
         shape = (*size, channels) if size else shape
 
+        raw = None if size else tf.TensorSpec(shape, tf.uint8)
+
         def to_features(parsed):  # uint8 (normalised by the caller), or float [0, 1] when resized
             image = tf.io.decode_image(parsed["image"], channels=channels, expand_animations=False)
             return tf.ensure_shape(image_folders.to_float_image(image, size) if size else image, shape)
@@ -73,6 +76,7 @@ def _default_schema(path: str, image_size: str = ""):
         spec["x"] = tf.io.FixedLenFeature((), tf.string)
         proto = tensor_pb2.TensorProto.FromString(features["x"].bytes_list.value[0])
         dtype, shape = tf.as_dtype(proto.dtype), [d.size for d in proto.tensor_shape.dim]
+        raw = tf.TensorSpec(shape, dtype)
 
         def to_features(parsed):
             return tf.ensure_shape(tf.io.parse_tensor(parsed["x"], dtype), shape)
@@ -81,7 +85,7 @@ def _default_schema(path: str, image_size: str = ""):
         parsed = tf.io.parse_single_example(serialized, spec)
         return normalise_features(to_features(parsed), batched=False), normalise_labels(parsed["label"])
 
-    return decode, spec["label"]
+    return decode, spec["label"], raw
 
 
 def _scan(files, label_feature=None) -> tuple:
@@ -112,14 +116,14 @@ def load(argument: str, config, parse_example=None) -> streams.StreamSource:
     test_files = _files(test_glob, "test") if test_glob else train_files
     where = f"TFRecords {train_glob}" + (f" (test {test_glob})" if test_glob else " (also the test split)")
     num_classes = config.num_classes or None
-    label_feature = None
+    label_feature = raw = None  # a Task's parse_example: its raw form is the Task's own
     if parse_example is not None:
         if config.image_size:
             raise UserError(f"--image_size={config.image_size}: the Task's parse_example decodes {where}; "
                             "resize there, or drop --image_size")
         decode = parse_example
     else:
-        decode, label_feature = _default_schema(train_files[0], config.image_size)
+        decode, label_feature, raw = _default_schema(train_files[0], config.image_size)
         if label_feature.dtype != tf.int64:
             label_feature = None  # float targets: nothing to range-check
     train_scan = _scan(train_files, label_feature)
@@ -134,7 +138,7 @@ def load(argument: str, config, parse_example=None) -> streams.StreamSource:
     element = tf.data.TFRecordDataset(train_files[:1]).map(decode).element_spec
     if not (isinstance(element, tuple) and len(element) == 2):
         raise UserError(f"--dataset=tfrecord: parse_example must return (features, label), got {element}")
-    spec = DataSpec.of(element, num_classes if element[1].dtype.is_integer else None)
+    spec = DataSpec.of(element, num_classes if element[1].dtype.is_integer else None, raw_features=raw)
     if spec.features.shape.num_elements() is None:
         raise UserError(f"{where}: features have an unknown shape {spec.features.shape}; every example "
                         "must have the same shape (resize images when writing them, or in parse_example)")
