@@ -144,6 +144,18 @@ def run_cli_timed(*args, timeout=240, env=None) -> TimedRun:
 NO_DROPOUT = f"{TEST_TASKS}:CnnBnNoDropoutTask"  # cnn_bn, dropout 0, BN momentum 0.5
 
 
+def finish_all(processes, timeout=120):
+    """Waits for every Popen (stdout piped, stderr into it); kills what is left. Returns (exit codes, outputs)."""
+    outputs = []
+    try:
+        for process in processes:
+            outputs.append(process.communicate(timeout=timeout)[0])
+    finally:
+        for process in processes:
+            process.kill()
+    return [p.returncode for p in processes], outputs
+
+
 def explain(proc) -> str:
     return (f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n"
             f"--- stderr ---\n{proc.stderr[-3000:]}")

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import REPO, TEST_TASKS, checkpoint_state, exported_weights, run_cli, small_config, tensorboard_run, tensorboard_scalars
+from helpers import REPO, TEST_TASKS, checkpoint_state, finish_all, exported_weights, run_cli, small_config, tensorboard_run, tensorboard_scalars
 from engine.distribute.launch import worker_tf_configs
 from engine.controller.trainer import train
 from engine import exit_codes
@@ -34,17 +34,6 @@ def _start(per_worker_args, timeout=120):
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         ))
     return processes
-
-
-def _finish(processes, timeout=120):
-    outputs = []
-    try:
-        for process in processes:
-            outputs.append(process.communicate(timeout=timeout)[0])
-    finally:
-        for process in processes:
-            process.kill()
-    return [p.returncode for p in processes], outputs
 
 
 def _single_process_weights(tmp_path, name, **overrides):
@@ -93,7 +82,7 @@ def test_only_the_chief_writes(tmp_path):
     """Every TensorBoard extra on: the chief writes them all (its predict pass for the eval images
     and its profiler add no collective, or the workers would hang); worker 1 writes nothing."""
     extras = ["--histogram_every=3", "--trace_graph", "--profile_steps=0,3"]
-    codes, outputs = _finish(_start([[*ARGS, *extras, f"--model_dir={tmp_path / 'chief'}"],
+    codes, outputs = finish_all(_start([[*ARGS, *extras, f"--model_dir={tmp_path / 'chief'}"],
                                      [*ARGS, *extras, f"--model_dir={tmp_path / 'worker1'}"]]))
     assert codes == [0, 0], outputs
     assert sorted(os.listdir(tmp_path / "chief")) == ["checkpoints", "config.json", "eval", "export", "train"]
@@ -105,7 +94,7 @@ def test_only_the_chief_writes(tmp_path):
 
 def test_flag_mismatch_stops_every_worker(tmp_path):
     started = time.monotonic()
-    codes, outputs = _finish(_start([[*ARGS, f"--model_dir={tmp_path}"],
+    codes, outputs = finish_all(_start([[*ARGS, f"--model_dir={tmp_path}"],
                                      [*ARGS, f"--model_dir={tmp_path}", "--global_batch=128", "--model=cnn"]]))
     assert codes == [2, 2], outputs
     for output in outputs:
@@ -155,13 +144,16 @@ def test_worker_that_never_starts_is_named(tmp_path):
     assert time.monotonic() - started < 40
 
 
-def test_launcher_stops_the_rest_at_the_first_failure(tmp_path):
+def test_launcher_stops_the_rest_at_the_first_failure_and_never_retries_a_permanent_one(tmp_path):
     started = time.monotonic()
-    result = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", *ARGS,
+    result = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", *ARGS, "--max_restarts=2",
                      f"--task={TEST_TASKS}:FailOnWorkerOneTask", f"--model_dir={tmp_path}", timeout=120)
     assert result.returncode == 2, result.stdout[-3000:]
     assert "[worker 1] error: FailOnWorkerOneTask: worker 1 fails on purpose" in result.stdout
     assert "launcher: worker 1 exited with code 2; stopping the others" in result.stdout
+    # --max_restarts restarts only what a restart may cure (tests/test_restarts.py): a bad Task is not.
+    assert result.stdout.count("launching 2 local workers") == 1
+    assert "launcher: exit 2 (bad_input, a restart will not help): not restarted" in result.stdout
     assert time.monotonic() - started < 30  # well under --collective_timeout=30 plus start-up
 
 
@@ -219,7 +211,7 @@ def test_long_multi_worker_run_keeps_its_thread_count(tmp_path):
             except (OSError, StopIteration):
                 break
             time.sleep(0.1)
-        codes, outputs = _finish(processes, timeout=60)
+        codes, outputs = finish_all(processes, timeout=60)
     finally:
         for process in processes:
             process.kill()

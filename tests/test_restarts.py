@@ -1,6 +1,6 @@
 """The local launcher heals the cluster (--max_restarts): a worker killed mid-run makes it stop the
 others and start the cluster again, which resumes from the last checkpoint and ends like a run that
-was never disturbed; a permanent failure is never retried."""
+was never disturbed. (A permanent failure is never retried: tests/test_multi_worker.py.)"""
 
 from __future__ import annotations
 
@@ -30,14 +30,6 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_undisturbed(tmp_pat
                        export=True), out=open(os.devnull, "w"))
     for a, b in zip(exported_weights(tmp_path / "run"), exported_weights(tmp_path / "undisturbed")):
         np.testing.assert_allclose(a, b, atol=1e-5)
-
-
-def test_a_permanent_failure_is_not_retried(tmp_path):
-    proc = run_cli(*ARGS, f"--task={TEST_TASKS}:FailOnWorkerOneTask", "--max_restarts=2",
-                   f"--model_dir={tmp_path}", timeout=120)
-    assert proc.returncode == 2, explain(proc)
-    assert proc.stdout.count("launching 2 local workers") == 1
-    assert "launcher: exit 2 (bad_input, a restart will not help): not restarted" in proc.stdout, explain(proc)
 
 
 @pytest.mark.fast

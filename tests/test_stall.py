@@ -10,9 +10,7 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-import pytest
-from helpers import REPO, TEST_TASKS, exported_weights, explain, run_cli
+from helpers import REPO, TEST_TASKS, explain, finish_all, run_cli
 
 from engine import exit_codes
 from engine.distribute.launch import worker_tf_configs
@@ -49,21 +47,10 @@ def _workers(tmp_path, task, extra=()):
     return processes
 
 
-def _finish(processes, timeout):
-    outputs = []
-    try:
-        for process in processes:
-            outputs.append(process.communicate(timeout=timeout)[0])
-    finally:
-        for process in processes:
-            process.kill()
-    return [p.returncode for p in processes], outputs
-
-
 def test_a_worker_whose_input_blocks_is_named_and_every_worker_exits(tmp_path):
     started = time.monotonic()
-    processes = _workers(tmp_path, "BlockingInputOnWorkerOneTask", ["--stall_timeout=20"])
-    codes, outputs = _finish(processes, timeout=150)
+    processes = _workers(tmp_path, "BlockingInputOnWorkerOneTask", ["--stall_timeout=10"])
+    codes, outputs = finish_all(processes, timeout=150)
     assert all(code >= 128 for code in codes), (codes, outputs)
     assert time.monotonic() - started < 150
     last = outputs[0].strip().splitlines()[-1]
