@@ -1,12 +1,18 @@
-"""Sharpness-aware minimisation (Foret et al., 2021) as a Task: the gradient is taken at the worst
-nearby weights w + e, e = rho * g / ||g||, then applied at w.
+"""Sharpness-aware minimisation (SAM, Foret et al., 2021) as a Task: take the gradient at the worst
+nearby weights w + e, e = rho * g / ||g|| (g: the whole global batch's gradient at w), and apply it
+to w.
 
-    python run.py --task=examples/sam.py:SamTask --model=cnn --dataset=fashion_mnist
+    python run.py --task=examples/sam.py:SamTask --model=cnn --dataset=fashion_mnist \
+        --strategy=mirrored --cpu_replicas=2
 
-Shows: a step-level collective from the engine (`self.all_reduce`: e uses the gradient summed over
-every replica, so every replica perturbs its copy of the weights alike), in-step assignment (per
-replica, identical here because e is), and that --grad_accum_steps works with it (each micro-batch
-is perturbed by its own gradient; the engine runs the micro-batches unrolled).
+Shows: a collective inside the step from the engine (`self.all_reduce`: g is summed over every
+replica, so every replica moves its copy of the weights by the same e), in-step assignment (per
+replica: identical on every replica only because e is computed from summed values), a guard that
+keeps a non-finite g from writing NaN into the weights behind the engine's finite check, and that
+--grad_accum_steps works (each micro-batch is perturbed by its own gradient; the engine then runs
+the micro-batches unrolled; --jit_compile under a mirrored strategy is refused, as XLA cannot hold
+the collective). Two forward passes per step: about twice the cost of a plain step.
+With batch norm, both passes move the moving statistics.
 """
 
 import tensorflow as tf
@@ -18,26 +24,30 @@ from engine.task import Task, classification_metrics
 class SamTask(Task):
     rho = 0.05  # radius of the neighbourhood
 
-    def loss(self, images, labels):
+    def forward(self, images, labels):
         logits = self.model(images, training=True)
         per_example = self.per_example_loss(labels, logits)
-        return replica_loss(per_example, self.global_batch, self.model.losses), logits, per_example
+        loss = replica_loss(per_example, self.global_batch, self.model.losses)
+        return self.scale_loss(loss), logits, per_example
 
     def train_step(self, batch):
         images, labels = batch
         variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
-            loss, _, _ = self.loss(images, labels)
-        gradients = self.all_reduce(tape.gradient(loss, variables))  # the whole batch's gradient
-        scale = self.rho / (tf.linalg.global_norm(gradients) + 1e-12)
-        steps = [g * scale for g in gradients]
-        for variable, e in zip(variables, steps):
-            variable.assign_add(e)  # the same on every replica: e comes from summed values
+            scaled, _, _ = self.forward(images, labels)
+        # The loss scale (mixed_float16) cancels in g / ||g||, so the scaled gradient serves as it is.
+        g = self.all_reduce(tape.gradient(scaled, variables))  # summed over every replica
+        norm = tf.linalg.global_norm(g)
+        # A non-finite g (a float16 overflow, a bad batch) must not reach the weights: assign_sub of
+        # NaN does not undo assign_add of NaN. norm is the same on every replica, so is the choice.
+        finite = tf.math.is_finite(norm)
+        e = [tf.where(finite, self.rho / (norm + 1e-12) * x, tf.zeros_like(x)) for x in g]
+        for v, step in zip(variables, e):
+            v.assign_add(step)  # w + e, on each replica's copy
         with tf.GradientTape() as tape:
-            loss, logits, per_example = self.loss(images, labels)
-            scaled = self.scale_loss(loss)
-        sharp_gradients = tape.gradient(scaled, variables)
-        for variable, e in zip(variables, steps):
-            variable.assign_sub(e)
-        self.apply_gradients(sharp_gradients)  # applied at w, like any step's
+            scaled, logits, per_example = self.forward(images, labels)
+        sharp = tape.gradient(scaled, variables)
+        for v, step in zip(variables, e):
+            v.assign_sub(step)  # back to w
+        self.apply_gradients(sharp)  # the gradient at w + e, applied to w by the engine
         return classification_metrics(labels, logits, per_example)
