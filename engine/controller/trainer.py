@@ -112,8 +112,7 @@ def _setup(config, out):
     checkpoint_path = state.restore()
     start_step = state.step
     for action in actions:
-        if hasattr(action, "resume_at"):
-            action.resume_at(start_step)
+        action.resume_at(start_step)
     report.banner(config, placement, data, per_replica, schedule, task.seed, task.model, start_step, out)
     run_facts = {"engine_version": __version__, "replicas": placement.num_replicas, "effective_seed": task.seed}
     if data.spec.class_names:
@@ -246,7 +245,6 @@ class _Run:
         restarts = os.environ.get(RESTARTS_ENV)
         if restarts and self.placement.is_chief:
             self.writers["train"].write_scalars(self.step, {"restarts": float(restarts)})
-        export_path = None
         try:
             if self.stall_watch is not None:
                 self.stall_watch.start()
@@ -272,11 +270,8 @@ class _Run:
             for action in self.actions:  # every worker: an action may run collectives
                 with self._extra(action.name):
                     action.at_end(self)
-            if self.stall_watch is not None:
-                self.stall_watch.stop()
             if peers:
                 peers.stop()  # the last collective is done; a worker that exits now is not lost
-            export_path = self.export_path
         finally:
             if self.stall_watch is not None:
                 self.stall_watch.stop()
@@ -286,7 +281,7 @@ class _Run:
             for writer in self.writers.values():
                 writer.close()
             self.state.checkpointer.close()
-        return self._result(export_path)
+        return self._result(self.export_path)
 
     def _stop_for(self, signal_name):
         if self.saved_step != self.step:
@@ -312,9 +307,9 @@ class _Run:
                 self.progress.message(self.rollback.roll_back(self, bad_step))
                 return
             raise NonFiniteLoss(
-                f"{_bad_step_cause(config)} at step {bad_step} (NaN, Inf or spike on at least one replica); nothing saved "
-                f"after step "
-                f"{self.saved_step}" + (f" ({self.checkpoint_path})" if self.checkpoint_path else "")
+                f"{_bad_step_cause(config)} at step {bad_step} (NaN, Inf or spike on at least one replica); "
+                f"nothing saved after step {self.saved_step}"
+                + (f" ({self.checkpoint_path})" if self.checkpoint_path else "")
                 + (f"; {config.max_rollbacks} rollbacks made" if self.rollback is not None else "")
                 + "; lower --learning_rate, check the data, or use --on_nonfinite=skip or rollback")
         self.train_metrics = ratios(result["totals"])

@@ -19,6 +19,9 @@ class Action:
 
     name = "an action"  # how a failure names it: "<name> failed at step N: ..."
 
+    def resume_at(self, step: int) -> None:
+        """Once, before training, with the step the run starts (or resumes) at."""
+
     def after_loop(self, run) -> None:
         """After each compiled loop (its scalars written, its checkpoint saved if one was due)."""
 
