@@ -246,7 +246,8 @@ class Task:
 
     def after_eval(self, step: int, writer) -> None:
         """Called after each evaluation on the chief only (with --summaries=full), with the eval
-        run's SummaryWriter (engine/observe/summaries.py: write_text, write_images, write_scalars).
+        run's SummaryWriter (engine/observe/summaries.py: write_figure for a matplotlib figure from
+        engine.observe.figures.new_figure, write_text, write_images, write_scalars).
         Runs on the host, outside any compiled loop: call self.model directly (its local copy of the
         weights), never a collective or strategy.run (other workers do not call it). Default: nothing."""
 

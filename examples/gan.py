@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from engine.errors import UserError
 from engine.losses import replica_loss
+from engine.observe.figures import new_figure
 from engine.optimizers import build_optimizer
 from engine.task import Task
 
@@ -105,12 +106,19 @@ class GanTask(Task):
         return {"d_real": (tf.reduce_sum(real), count), "d_fake": (tf.reduce_sum(fake), count)}
 
     def after_eval(self, step, writer):
-        """16 samples from the same latent vectors at every evaluation, as one 4 x 4 grid: the
-        image `samples` in TensorBoard's Images tab (eval run). On the host, chief only."""
-        h, w, c = self.input_shape
-        images = self.model(tf.random.stateless_normal([16, LATENT], seed=[0, 0]), training=False)
-        grid = tf.reshape(tf.transpose(tf.reshape(images, [4, 4, h, w, c]), [0, 2, 1, 3, 4]), [1, 4 * h, 4 * w, c])
-        writer.write_images(step, "samples", tf.cast(tf.cast(grid, tf.float32) * 255.0, tf.uint8))
+        """16 samples from the same latent vectors at every evaluation, drawn as a matplotlib figure
+        (a 4 x 4 grid, each sample titled with the discriminator's belief that it is real): the image
+        `samples` in TensorBoard's Images tab (eval run). On the host, chief only."""
+        samples = self.model(tf.random.stateless_normal([16, LATENT], seed=[0, 0]), training=False)
+        belief = tf.sigmoid(tf.cast(tf.squeeze(self.discriminator(samples, training=False), -1), tf.float32)).numpy()
+        figure = new_figure(width=6, height=6.4)
+        figure.suptitle(f"generator samples at step {step}")
+        for ax, image, real in zip(figure.subplots(4, 4).flat, tf.cast(samples, tf.float32).numpy(), belief):
+            ax.imshow(image.squeeze(-1) if image.shape[-1] == 1 else image, cmap="gray", vmin=0.0, vmax=1.0)
+            ax.set_title(f"D(x) = {real:.2f}", fontsize=8)
+            ax.set_axis_off()
+        writer.write_figure(step, "samples", figure,
+                            description="16 samples from fixed latent vectors; D(x): the discriminator's P(real).")
 
 
 class TwoDiscriminatorStepsGanTask(GanTask):

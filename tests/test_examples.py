@@ -106,7 +106,9 @@ def test_each_example_trains(tmp_path, example):
     if "Gan" in example:
         assert set(result.train_metrics) >= {"d_loss", "g_loss", "grad_norm", "grad_norm/d_optimizer"}
         assert 0 <= result.eval_metrics["d_real"] <= 1 and 0 <= result.eval_metrics["d_fake"] <= 1
-        assert "samples" in tensorboard_run(tmp_path / "run" / "eval").Tags()["tensors"]
+        samples = tensorboard_run(tmp_path / "run" / "eval").Tensors("samples")[-1]
+        width, height = (int(v) for v in tf.make_ndarray(samples.tensor_proto)[:2])
+        assert (width, height) == (600, 640)  # the Task's matplotlib figure, 6 x 6.4 inches at 100 dpi
 
 
 @pytest.mark.parametrize("example", ["SamTask", "DistillationTask", "GradientPenaltyTask", "GanTask"])

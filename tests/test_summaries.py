@@ -13,7 +13,6 @@ from tensorboard.plugins.hparams import metadata as hparams_metadata
 from helpers import small_config, tensorboard_run
 from engine import __version__
 from engine.errors import UserError
-from engine.observe.images import confusion_image, confusion_matrix, grid, misclassified_grid
 from engine.observe.monitor import parse_profile_steps
 from engine.observe.summaries import create_writers
 from engine.controller.trainer import train
@@ -90,7 +89,7 @@ def test_everything_a_researcher_watches(tmp_path):
     assert _text(train_run, "engine_version") == f"ctl-engine {__version__}"
     # Images: sample inputs at 0; confusion matrix and misclassified at each evaluation.
     assert train_tags["sample_inputs"] == [0] and _plugin(train_run, "sample_inputs") == "images"
-    for tag in ("confusion_matrix", "misclassified"):
+    for tag in ("confusion_matrix", "per_class_accuracy", "misclassified"):
         assert eval_tags[tag] == [4, 8] and _plugin(eval_run, tag) == "images"
     # The chief's predict pass agrees with the distributed evaluation over all 300 test examples
     # (a text of the same name lists each evaluation's mistakes).
@@ -123,24 +122,3 @@ def test_basic_summaries_write_no_extras(tmp_path):
                                          "steps_per_sec", "examples_per_sec", "loop_seconds"])
     assert sorted(eval_tags) == ["accuracy", "loss"]
     assert not os.path.exists(tmp_path / "train" / "plugins")
-
-
-@pytest.mark.fast
-def test_images_render_with_numpy():
-    images = np.random.default_rng(0).random((5, 28, 28))
-    tiled = grid(images, columns=3, captions=["1", "2", "3", "4", "5"])
-    assert tiled.dtype == np.uint8 and tiled.shape[0] == 1 and tiled.shape[-1] == 3
-    counts = confusion_matrix([0, 1, 1, 2], [0, 1, 2, 2], 3)
-    assert counts.tolist() == [[1, 0, 0], [0, 1, 1], [0, 0, 1]]
-    assert confusion_image(counts).shape[-1] == 3
-    picture, pairs = misclassified_grid(images[:4], [0, 1, 1, 2], [0, 1, 2, 2])
-    assert pairs == [(1, 2)] and picture.shape[0] == 1
-    assert misclassified_grid(images[:2], [0, 1], [0, 1]) == (None, [])
-
-
-@pytest.mark.fast
-def test_profile_steps_parse():
-    assert parse_profile_steps("") is None and parse_profile_steps("3,9") == (3, 9)
-    for bad in ("3", "9,3", "a,b", "-1,2"):
-        with pytest.raises(UserError, match="--profile_steps"):
-            parse_profile_steps(bad)

@@ -17,6 +17,9 @@ from engine.data.formats import parse_shape
 from engine.errors import UserError
 
 DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+# Label i's name (Fashion-MNIST's README); MNIST's labels are their own names.
+CLASS_NAMES = {"fashion_mnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                                 "Sneaker", "Bag", "Ankle boot")}
 
 
 def load_npz(path: str, config) -> ArraySource:
@@ -36,7 +39,8 @@ def _ten_classes(name, where, x_train, y_train, x_test, y_test) -> ArraySource:
     for split, x in (("train", x_train), ("test", x_test)):
         if x.ndim != 3:
             raise UserError(f"{where}: {split} images have shape {x.shape}, expected (N, height, width)")
-    return ArraySource(name, where, x_train, y_train, x_test, y_test, num_classes=10)
+    return ArraySource(name, where, x_train, y_train, x_test, y_test, num_classes=10,
+                       class_names=CLASS_NAMES.get(name))
 
 
 def _from_npz(name: str, path: str) -> ArraySource:

@@ -1,7 +1,8 @@
 """What the chief shows in TensorBoard beyond the per-loop scalars, decided between compiled loops:
-config text, sample inputs, HParams session, confusion matrix and misclassified images at each
-evaluation (and the Task's own `after_eval` extras), the traced train-step graph and the profiler
-window. (Histograms: engine/controller/actions/histograms.py.)
+config text, sample inputs, HParams session, the Custom Scalars layout; at each evaluation the
+confusion matrix, per-class accuracy, misclassified examples and per-class PR curves (and the Task's
+own `after_eval` extras); the traced train-step graph and the profiler window. (Histograms:
+engine/controller/actions/histograms.py; the pictures: engine/observe/pictures.py.)
 
 Nothing here runs a collective: on other workers the writers do nothing and the chief-only work
 (predictions for the images, the profiler) is skipped, so they never wait on it except at the next
@@ -16,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from engine import __version__
-from engine.observe import images as images_lib
+from engine.observe import layout, pictures, pr_curves
 from engine.errors import UserError
 from engine.observe.hparams import hparam_values
 
@@ -73,9 +74,15 @@ class Monitor:
             return
         if self.data.spec.is_image:
             images, labels = self.data.preview(min(SAMPLE_INPUTS, self.data.num_train))
-            captions = [str(int(label)) for label in labels] if labels.ndim == 1 else None
-            train.write_images(0, "sample_inputs", images_lib.grid(images, captions=captions, caption_color=(64, 220, 64)),
-                               description="The first training images with their labels (before shuffling).")
+            if labels.ndim == 1:
+                names = pictures.names_of(self.data.spec.num_classes or int(labels.max()) + 1,
+                                          self.data.spec.class_names)
+                train.write_figure(0, "sample_inputs", pictures.image_grid_figure(
+                    images, [names[int(label)] for label in labels]),
+                    description="The first training images with their labels (before shuffling).")
+        train.write_tensor(0, *layout.layout_summary(
+            dict.fromkeys([*self.task.train_metrics, *self.task.eval_metrics]),
+            loss_scale=self.config.precision == "mixed_float16"))
         flags = {k: v for k, v in self.config.as_dict().items() if k != "model_dir"}
         extra_hparams = {k: v for k, v in extra_hparams.items() if k != "class_names"}  # a list, not a knob
         evaluation.write_hparams(hparam_values(flags, extra_hparams),
@@ -109,30 +116,34 @@ class Monitor:
         found = self._predictions()
         if found is None:
             return
-        labels, predictions, wrong_images = found
-        num_classes = self.data.spec.num_classes
-        counts = images_lib.confusion_matrix(labels, predictions, num_classes)
+        labels, probabilities, wrong_images = found
+        predictions = probabilities.argmax(axis=-1)
+        num_classes, names = self.data.spec.num_classes, self.data.spec.class_names
+        counts = pictures.confusion_counts(labels, predictions, num_classes)
         writer = self.writers["eval"]
-        names = self.data.spec.class_names
-        writer.write_images(step, "confusion_matrix", images_lib.confusion_image(counts), description=(
-            f"Rows: true class, columns: predicted, over all {len(labels)} test examples (row-normalised "
-            "colour, counts in the cells)." + (" Class numbers: see the text class_names." if names else "")))
+        writer.write_figure(step, "confusion_matrix", pictures.confusion_figure(counts, names), description=(
+            f"Rows: true class, columns: predicted, over all {len(labels)} test examples; colour: the "
+            "fraction of the true class (each row sums to 1)."))
+        writer.write_figure(step, "per_class_accuracy", pictures.per_class_accuracy_figure(counts, names),
+                            description="Each class's accuracy (recall) on its test examples.")
+        for tag, curve, meta in pr_curves.summaries(labels, probabilities, pictures.names_of(num_classes, names)):
+            writer.write_tensor(step, tag, curve, meta)
         if names:
             writer.write_text(step, "class_names", class_names_markdown(names, counts))
         wrong = np.flatnonzero(labels != predictions)[:len(wrong_images)]
-        grid, pairs = images_lib.misclassified_grid(np.asarray(wrong_images), labels[wrong], predictions[wrong],
-                                                    MISCLASSIFIED)
-        if grid is not None:
-            writer.write_images(step, "misclassified", grid, description=(
-                f"The first {MISCLASSIFIED} wrong test predictions, each captioned true>predicted; the "
-                "text misclassified_labels of the same step lists them."))
+        pairs = [(int(labels[i]), int(predictions[i])) for i in wrong]
+        if pairs:
+            writer.write_figure(step, "misclassified", pictures.misclassified_figure(
+                np.asarray(wrong_images), *zip(*pairs), names, num_classes), description=(
+                f"The first {MISCLASSIFIED} wrong test predictions with their true and predicted classes; "
+                "the text misclassified_labels of the same step lists them."))
         writer.write_text(step, "misclassified_labels", (
             f"{int((labels != predictions).sum())} of {len(labels)} test images wrong; the first "
             f"{len(pairs)} (true>predicted): " + ", ".join(
                 f"{t}>{p}" + (f" ({names[t]}>{names[p]})" if names else "") for t, p in pairs)))
 
     def _predictions(self):
-        """(labels, predicted classes, the first wrong images) over every test example, from the
+        """(labels, class probabilities, the first wrong images) over every test example, from the
         chief's local copy of the weights: a plain forward pass outside strategy.run reads mirrored
         variables locally (no collective). None when the data has no classes or the model's outputs
         are not one logit per class (a custom Task), or the Task says it is no classifier."""
@@ -145,7 +156,7 @@ class Monitor:
                 return model(x, training=False)
 
             self._predict = predict
-        all_labels, all_predictions, wrong_images = [], [], []
+        all_labels, all_probabilities, wrong_images = [], [], []
         for features, labels in self.data.test_batches(PREDICT_BATCH):
             logits = self._predict(features).numpy()
             if logits.ndim != 2 or logits.shape[-1] != spec.num_classes:
@@ -154,5 +165,10 @@ class Monitor:
             if spec.is_image and len(wrong_images) < MISCLASSIFIED:
                 wrong_images.extend(features[labels != predictions][:MISCLASSIFIED - len(wrong_images)])
             all_labels.append(labels)
-            all_predictions.append(predictions)
-        return np.concatenate(all_labels), np.concatenate(all_predictions), wrong_images
+            all_probabilities.append(_softmax(logits))
+        return np.concatenate(all_labels), np.concatenate(all_probabilities), wrong_images
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits.astype(np.float64) - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)

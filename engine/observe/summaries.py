@@ -9,7 +9,7 @@ import os
 
 import tensorflow as tf
 
-from engine.observe import hparams
+from engine.observe import figures, hparams
 
 
 def _writes(method):
@@ -27,7 +27,8 @@ def _writes(method):
 
 class SummaryWriter:
     """A small writer interface: write_scalars(step, {name: value}), write_text, write_images,
-    write_histograms, write_hparams, the graph trace, flush, close."""
+    write_figure (a matplotlib figure), write_tensor (another plugin's data), write_histograms,
+    write_hparams, the graph trace, flush, close."""
 
     def __init__(self, logdir: str | None):
         self.logdir = logdir
@@ -44,9 +45,20 @@ class SummaryWriter:
 
     @_writes
     def write_images(self, step: int, name: str, images, description: str | None = None) -> None:
-        """images: uint8 (n, h, w, 3) (engine/observe/images.py renders them); None writes nothing."""
+        """images: uint8 (n, h, w, 3) or floats in [0, 1]; None writes nothing."""
         if images is not None:
             tf.summary.image(name, images, max_outputs=len(images), description=description)
+
+    def write_figure(self, step: int, name: str, figure, description: str | None = None) -> None:
+        """A matplotlib figure (engine/observe/figures.py: new_figure) as the image `name`; drawn
+        only on the chief."""
+        if self._writer is not None:
+            self.write_images(step, name, figures.figure_to_image(figure), description)
+
+    @_writes
+    def write_tensor(self, step: int, tag: str, tensor, metadata: bytes) -> None:
+        """A tensor with a plugin's serialized SummaryMetadata (PR curves, the Custom Scalars layout)."""
+        tf.summary.write(tag, tensor, metadata=metadata)
 
     @_writes
     def write_histograms(self, step: int, histograms: dict) -> None:
