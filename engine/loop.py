@@ -13,8 +13,9 @@ their call (synchronised batch norm), since such a layer cannot merge_call insid
 A step is bad when a reduced metric total is not finite (a NaN/Inf loss on any replica) or when
 the summed gradients are (and loss scaling does not explain it). Both are the same value on every
 replica and worker, so every replica takes the same branch, and the decision stays on the device
-(no host sync per step): with stop, the loop ends before counting the bad step; with skip, the step
-counts (its batch is consumed) but its metrics do not. The update of a bad step never happens.
+(no host sync per step): with stop, the loop ends before counting the bad step (its update ran
+beside the check, engine/update.py; the run then ends without saving); with skip (and rollback),
+the step counts (its batch is consumed) but its metrics do not, and its update never happens.
 """
 
 from __future__ import annotations
@@ -114,8 +115,9 @@ class _TrainStep:
         return result
 
     def __call__(self, batch):
-        # Read before the forward pass moves them: put back if the update is skipped.
-        kept_state = update.snapshot([v for model in self.models for v in model.non_trainable_variables])
+        # Read before the forward pass moves them: put back if a guarded update is skipped.
+        kept_state = update.snapshot([v for model in self.models for v in model.non_trainable_variables]
+                                     if self.task.updater.guarded else [])
         # This replica's first example in the global batch (training batches are whole).
         size = tf.shape(tf.nest.flatten(batch)[0])[0]
         offset = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int32) * size

@@ -6,16 +6,22 @@ In replica context, once per step (after all micro-batches of a global batch):
   1. ONE all-reduce (SUM) of the gradients of EVERY optimizer over every replica and worker
      (invariant 4: Keras' own all-reduce inside `apply` is switched off for this call, never doubled);
   2. unscale (dynamic loss scaling, --precision=mixed_float16; one loss scale for the step);
-  3. ONE finite check over all the SUMMED gradients: an Inf/NaN on any replica makes the sum
-     non-finite on every replica, so all replicas and workers decide alike with no extra collective
-     (invariant 5), unlike Keras' LossScaleOptimizer, which checks the local gradients only;
+  3. ONE finite check over all the SUMMED gradients, read off each optimizer's global norm (computed
+     anyway for its summary and clipping: an Inf/NaN anywhere makes its norm non-finite; so does a
+     gradient element above ~1e19, whose square overflows float32): an Inf/NaN on any replica makes
+     the sum non-finite on every replica, so all replicas and workers decide alike with no extra
+     collective (invariant 5), unlike Keras' LossScaleOptimizer, which checks the local gradients only;
   4. global-norm clipping (--clip_norm) of each optimizer's summed gradients, so the norm is the true one;
-  5. every optimizer's Keras update (weight decay included) inside a cond taken in cross-replica
-     context: a non-finite step leaves weights, every optimizer's state (moments, iterations) and
-     the models' non-trainable state (batch-norm statistics, put back from a copy taken before the
-     step) untouched; an optimizer handed over with `when` steps only where `when` is True (its
-     gradients are all-reduced every step: no collective inside a cond);
-     the loss scale halves on overflow and doubles after GROWTH_INTERVAL good steps.
+  5. guarded (--on_nonfinite=skip or rollback, or loss scaling): every optimizer's Keras update
+     (weight decay included) inside a cond taken in cross-replica context: a non-finite step leaves
+     weights, every optimizer's state (moments, iterations) and the models' non-trainable state
+     (batch-norm statistics, put back from a copy taken before the step) untouched; the loss scale
+     halves on overflow and doubles after GROWTH_INTERVAL good steps.
+     Unguarded (--on_nonfinite=stop without loss scaling): the updates run in replica context beside
+     the check, without waiting for it; a bad step's update happens, and the loop stops at it
+     (engine/loop.py) and the run ends without saving (nothing after the last checkpoint is kept).
+     An optimizer handed over with `when` steps only where `when` is True (a cond in cross-replica
+     context in either mode; its gradients are all-reduced every step: no collective inside a cond).
 
 All updates run after the step returns, so every optimizer sees the pre-step weights.
 `Task.apply_gradients` only records the gradients (thread-local: MirroredStrategy traces each
@@ -195,8 +201,12 @@ class Updater:
     """Build inside strategy.scope() (it may own loss-scale variables). `optimizers`: {Task
     attribute name: optimizer} of the Task's other optimizers (built), each with its summary."""
 
-    def __init__(self, optimizer, *, loss_scaling: bool, clip_norm: float = 0.0, optimizers=None, ema=None):
+    def __init__(self, optimizer, *, loss_scaling: bool, clip_norm: float = 0.0, optimizers=None, ema=None,
+                 guarded: bool = True):
         self.optimizer = optimizer
+        # guarded: a bad step's update is skipped (it waits for the finite check); loss scaling must
+        # skip overflowed steps, so it always is.
+        self.guarded = guarded or loss_scaling
         self.ema = ema  # engine/ema.py WeightAverage (--ema_decay): moved after each applied update
         self.clip_norm = clip_norm
         self.loss_scaling = loss_scaling
@@ -262,24 +272,33 @@ class Updater:
         if self.loss_scaling:
             scale = tf.identity(self.loss_scale)  # read before the update below changes it
             summed = [g * (1.0 / scale) for g in summed]
-        finite = all_finite(summed)
-        summaries, clipped, per_group, start = {}, [], [], 0
+        summaries, clipped, per_group, norms, start = {}, [], [], [], 0
         for group in groups:
             own = summed[start:start + len(group.variables)]
             start += len(group.variables)
             per_group.append(own)
             norm = tf.linalg.global_norm(own)
+            norms.append(norm)
             summaries[self.names[id(group.optimizer)]] = norm
             if self.clip_norm:
                 factor = self.clip_norm / tf.maximum(norm, self.clip_norm)
                 own = [g * factor for g in own]
             clipped.append([tf.cast(g, v.dtype) for g, v in zip(own, group.variables)])
+        finite = all_finite(norms)
         whens = [group.when for group in groups if group.when is not None]
-        applied = context.merge_call(self._apply_or_skip, args=(clipped, whens, finite, list(kept_state[1])),
-                                     kwargs={"optimizers": [group.optimizer for group in groups],
-                                             "variables": [group.variables for group in groups],
-                                             "conditional": [group.when is not None for group in groups],
-                                             "kept": list(kept_state[0])})
+        if not self.guarded and not whens:  # beside the check: nothing waits for it
+            with _already_reduced():
+                for group, grads in zip(groups, clipped):
+                    group.optimizer.apply(grads, group.variables)
+            if self.ema is not None:
+                context.merge_call(self.ema.update)
+            applied = tf.constant(True)
+        else:
+            applied = context.merge_call(self._apply_or_skip, args=(
+                clipped, whens, finite if self.guarded else tf.constant(True), list(kept_state[1])), kwargs={
+                    "optimizers": [group.optimizer for group in groups],
+                    "variables": [group.variables for group in groups],
+                    "conditional": [group.when is not None for group in groups], "kept": list(kept_state[0])})
         bad = tf.logical_not(finite)
         if self.loss_scaling:  # an overflow is only bad once the scale cannot fall further
             bad = tf.logical_and(bad, tf.less_equal(scale, MIN_LOSS_SCALE))

@@ -101,3 +101,26 @@ def test_clipping_uses_the_norm_of_the_summed_gradient(tmp_path):
     assert not np.allclose(one[0], _weights(tmp_path, "unclipped", optimizer="sgd")[0], atol=1e-4)
     norms = [value for _, value in tensorboard_scalars(tmp_path / "two" / "train")["grad_norm"]]
     assert min(norms) > 0.05  # it did clip: the logged norm is the one before clipping
+
+
+@pytest.mark.parametrize("overrides", [dict(model="cnn_bn", **TWO_REPLICAS), dict(ema_decay=0.9)])
+def test_the_update_beside_the_finite_check_trains_like_the_guarded_one(tmp_path, overrides):
+    """--on_nonfinite=stop applies the update without waiting for the finite check (engine/update.py,
+    unguarded); skip waits for it. On clean data both give the same weights, batch-norm statistics,
+    optimizer state and weight averages."""
+    for mode in ("stop", "skip"):
+        train(small_config(tmp_path / mode, on_nonfinite=mode, train_steps=4, steps_per_loop=2, **overrides),
+              **QUIET)
+    stop, skip = checkpoint_state(tmp_path / "stop"), checkpoint_state(tmp_path / "skip")
+    assert sorted(stop) == sorted(skip)
+    for name in stop:
+        np.testing.assert_allclose(stop[name], skip[name], atol=1e-6, err_msg=name)
+
+
+@pytest.mark.fast
+def test_only_stop_without_loss_scaling_updates_unguarded():
+    from engine.update import Updater
+    optimizer = keras.optimizers.SGD()
+    assert not Updater(optimizer, loss_scaling=False, guarded=False).guarded
+    assert Updater(optimizer, loss_scaling=True, guarded=False).guarded  # an overflow must be skipped
+    assert Updater(optimizer, loss_scaling=False).guarded

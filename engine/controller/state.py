@@ -53,7 +53,8 @@ def build_task(strategy, task) -> task_state.TaskState:
         strategy_lib.check_variables_in_scope(strategy, optimizer.variables)
     ema = WeightAverage(task.model, task.config.ema_decay) if task.config.ema_decay else None
     task.updater = Updater(task.optimizer, loss_scaling=task.config.precision == "mixed_float16",
-                           clip_norm=task.config.clip_norm, optimizers=extras.optimizers, ema=ema)
+                           clip_norm=task.config.clip_norm, optimizers=extras.optimizers, ema=ema,
+                           guarded=task.config.on_nonfinite != "stop")
     return extras
 
 
