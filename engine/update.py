@@ -272,19 +272,18 @@ class Updater:
         if self.loss_scaling:
             scale = tf.identity(self.loss_scale)  # read before the update below changes it
             summed = [g * (1.0 / scale) for g in summed]
-        summaries, clipped, per_group, norms, start = {}, [], [], [], 0
+        summaries, clipped, per_group, start = {}, [], [], 0
         for group in groups:
             own = summed[start:start + len(group.variables)]
             start += len(group.variables)
             per_group.append(own)
             norm = tf.linalg.global_norm(own)
-            norms.append(norm)
             summaries[self.names[id(group.optimizer)]] = norm
             if self.clip_norm:
                 factor = self.clip_norm / tf.maximum(norm, self.clip_norm)
                 own = [g * factor for g in own]
             clipped.append([tf.cast(g, v.dtype) for g, v in zip(own, group.variables)])
-        finite = all_finite(norms)
+        finite = all_finite(list(summaries.values()))  # the norms: one per optimizer
         whens = [group.when for group in groups if group.when is not None]
         if not self.guarded and not whens:  # beside the check: nothing waits for it
             with _already_reduced():

@@ -191,3 +191,13 @@ def id_shards(directory, n_train=200, n_test=1001, shards=4):
     tfrecord.write_shards(str(directory), "train", x, y, shards)
     tfrecord.write_shards(str(directory), "test", xt, yt, shards)
     return f"tfrecord:{directory}/train-*.tfrecord,{directory}/test-*.tfrecord"
+
+
+def screenshots_script():
+    """docs/screenshots.py as a module: starts tensorboard on 127.0.0.1 and drives headless Chromium."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("screenshots", os.path.join(REPO, "docs", "screenshots.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -5,7 +5,6 @@ the script that also makes the screenshots in docs/screenshots/."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -13,7 +12,7 @@ import shutil
 import matplotlib.image
 import numpy as np
 import pytest
-from helpers import REPO, small_config
+from helpers import REPO, screenshots_script, small_config
 
 from engine.controller.trainer import train
 from engine.data.builtin import DEBIAN_FASHION_MNIST_DIR
@@ -23,13 +22,6 @@ pytestmark = pytest.mark.skipif(
     reason="Debian packages missing (apt-get install dataset-fashion-mnist chromium; .ci/run does)")
 
 
-def _screenshots_module():
-    spec = importlib.util.spec_from_file_location("screenshots", os.path.join(REPO, "docs", "screenshots.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_dashboards_show_the_runs_pictures_curves_layout_and_text(tmp_path):
     quiet = dict(out=open(os.devnull, "w"))
     logdir = tmp_path / "runs"
@@ -37,7 +29,7 @@ def test_the_dashboards_show_the_runs_pictures_curves_layout_and_text(tmp_path):
                        eval_every=2), **quiet)
     train(small_config(logdir / "gan", task=os.path.join(REPO, "examples", "gan.py:GanTask"), model="mlp",
                        global_batch=32, train_steps=2, steps_per_loop=2), **quiet)
-    screenshots = _screenshots_module()
+    screenshots = screenshots_script()
     needles = {
         "images": ["confusion_matrix", "misclassified", "<img"],
         "pr_curves": ["pr_curves/T-shirt_top", "class 9 (Ankle boot) against the rest"],

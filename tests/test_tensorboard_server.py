@@ -5,23 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
 
-from helpers import small_config
+from helpers import screenshots_script, small_config
 from engine.controller.trainer import train
 
 STARTUP_SECONDS = 60
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(base, path, body=None):
@@ -51,12 +42,7 @@ def _wait_for(base, path, ready, server):
 def test_tensorboard_server_shows_scalars_images_and_hparams(tmp_path):
     logdir = tmp_path / "run"
     train(small_config(logdir, train_steps=6, steps_per_loop=3, eval_every=3), out=open(os.devnull, "w"))
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
-         "--port", str(port), "--load_fast=false", "--reload_interval=1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, base = screenshots_script().start_tensorboard(str(logdir))
     try:
         scalar_tags = _wait_for(base, "/data/plugin/scalars/tags",
                                 lambda tags: "grad_norm" in tags.get("train", {}) and "loss" in tags.get("eval", {}),

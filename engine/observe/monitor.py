@@ -153,22 +153,17 @@ class Monitor:
         if self._predict is None:
             @tf.function(input_signature=[tf.TensorSpec([None, *spec.input_shape], spec.features.dtype)])
             def predict(x):
-                return model(x, training=False)
+                return tf.nn.softmax(tf.cast(model(x, training=False), tf.float32))
 
             self._predict = predict
         all_labels, all_probabilities, wrong_images = [], [], []
         for features, labels in self.data.test_batches(PREDICT_BATCH):
-            logits = self._predict(features).numpy()
-            if logits.ndim != 2 or logits.shape[-1] != spec.num_classes:
+            probabilities = self._predict(features).numpy()
+            if probabilities.ndim != 2 or probabilities.shape[-1] != spec.num_classes:
                 return None
-            predictions = logits.argmax(axis=-1)
+            predictions = probabilities.argmax(axis=-1)
             if spec.is_image and len(wrong_images) < MISCLASSIFIED:
                 wrong_images.extend(features[labels != predictions][:MISCLASSIFIED - len(wrong_images)])
             all_labels.append(labels)
-            all_probabilities.append(_softmax(logits))
+            all_probabilities.append(probabilities)
         return np.concatenate(all_labels), np.concatenate(all_probabilities), wrong_images
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits.astype(np.float64) - logits.max(axis=-1, keepdims=True))
-    return shifted / shifted.sum(axis=-1, keepdims=True)

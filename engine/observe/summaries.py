@@ -49,11 +49,11 @@ class SummaryWriter:
         if images is not None:
             tf.summary.image(name, images, max_outputs=len(images), description=description)
 
+    @_writes
     def write_figure(self, step: int, name: str, figure, description: str | None = None) -> None:
         """A matplotlib figure (engine/observe/figures.py: new_figure) as the image `name`; drawn
         only on the chief."""
-        if self._writer is not None:
-            self.write_images(step, name, figures.figure_to_image(figure), description)
+        tf.summary.image(name, figures.figure_to_image(figure), max_outputs=1, description=description)
 
     @_writes
     def write_tensor(self, step: int, tag: str, tensor, metadata: bytes) -> None:
