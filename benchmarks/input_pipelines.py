@@ -1,6 +1,6 @@
 """Each source's input pipeline alone against the training step it feeds, on the same data.
 
-    python -m benchmarks.input_pipelines              # ~3 minutes on 2 cores
+    python -m benchmarks.input_pipelines              # ~6 minutes on 2 cores
     python -m benchmarks.input_pipelines --quick      # a smoke run
 
 The same 20,000 32x32x3 uint8 images with labels, stored three ways: an npz (in memory), a folder
@@ -9,6 +9,9 @@ of PNG files (`images:`), TFRecord shards (`tfrecord:`, PNG-encoded in the defau
 each: the engine's training pipeline alone (global batch 256, one input pipeline), batches/s after
 a warm-up, against the engine's training step rate on the same data (the seed `cnn` and `mlp`,
 one replica, measured by a short run). A ratio above 1 means the input keeps up with the step.
+Then the engine training the cnn from each stored form, interleaved over 3 rounds: TFRecords
+decoded a batch at a time (the engine) and record by record (as before), and tf.data autotuning of
+the engine's pipelines on and off (engine/data/formats.AUTOTUNE_PIPELINES), each against in memory.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import tempfile
 import time
 
@@ -26,7 +30,7 @@ import tensorflow as tf  # noqa: E402
 
 from engine.config import Config  # noqa: E402
 from engine.controller.trainer import train  # noqa: E402
-from engine.data import builtin, sources, tfrecord  # noqa: E402
+from engine.data import builtin, formats, sources, tfrecord  # noqa: E402
 
 GLOBAL_BATCH = 256
 
@@ -71,11 +75,39 @@ def step_rate(dataset: str, model: str, steps: int, directory: str) -> float:
     return train(config, out=open(os.devnull, "w")).train_examples_per_sec / GLOBAL_BATCH
 
 
+def trained_rate(dataset: str, model: str, steps: int, directory: str, autotune: bool = False,
+                 record_by_record: bool = False) -> float:
+    """step_rate with tf.data autotuning of the engine's pipelines on or off, and TFRecords of the
+    default schema decoded a batch at a time (the engine's way) or record by record (the old way)."""
+    saved = formats.AUTOTUNE_PIPELINES, sources.SOURCE_KINDS["tfrecord"]
+    formats.AUTOTUNE_PIPELINES = autotune
+    if record_by_record:
+        def load_record_by_record(*args):
+            source = tfrecord.load(*args)
+            source.decode_batch = None
+            return source
+
+        sources.SOURCE_KINDS["tfrecord"] = load_record_by_record
+    try:
+        return step_rate(dataset, model, steps, directory)
+    finally:
+        formats.AUTOTUNE_PIPELINES, sources.SOURCE_KINDS["tfrecord"] = saved
+
+
+# The engine runs of one round of the cnn comparison: (name, data kind, autotune, record by record).
+CNN_RUNS = (("in memory", "npz", False, False), ("in memory, autotune", "npz", True, False),
+            ("TFRecord PNG", "tfrecord", False, False), ("TFRecord PNG, autotune", "tfrecord", True, False),
+            ("TFRecord PNG, per record", "tfrecord", False, True),
+            ("TFRecord tensors", "tfrecord_raw", False, False),
+            ("TFRecord tensors, autotune", "tfrecord_raw", True, False),
+            ("TFRecord tensors, per record", "tfrecord_raw", False, True))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    count, batches, steps = (3000, 10, 20) if args.quick else (20000, 60, 120)
+    count, batches, steps, rounds = (3000, 10, 20, 1) if args.quick else (20000, 60, 120, 3)
     directory = tempfile.mkdtemp(prefix="ctl_input_bench_")
     try:
         start = time.perf_counter()
@@ -89,10 +121,17 @@ def main():
             rate = pipeline_rate(sources.load(Config(dataset=dataset, shuffle_buffer=2048)), batches)
             print(f"{kind:13s}{rate:7.1f} batches/s alone = {rate * GLOBAL_BATCH:9,.0f} examples/s; "
                   + ", ".join(f"{rate / r:.2f}x the {m} step" for m, r in steps_per_sec.items()))
-        for kind in ("tfrecord", "tfrecord_raw"):
-            tf_rate = step_rate(datasets[kind], "cnn", steps, directory)
-            print(f"train    cnn from {kind} {tf_rate:.1f} steps/s vs in memory {steps_per_sec['cnn']:.1f} "
-                  f"= {tf_rate / steps_per_sec['cnn']:.2f}")
+        # The engine training cnn from each, interleaved over the rounds; ratios paired within a round.
+        runs = {name: [] for name, *_ in CNN_RUNS}
+        for _ in range(rounds):
+            for name, kind, autotune, per_record in CNN_RUNS:
+                runs[name].append(trained_rate(datasets[kind], "cnn", steps, directory, autotune, per_record))
+        print(f"\ntrain cnn (engine, one replica, {steps} steps; medians of {rounds} interleaved round(s); "
+              "ratio: to in memory in the same round, median (lowest-highest))")
+        for name, rates in runs.items():
+            paired = [r / m for r, m in zip(rates, runs["in memory"])]
+            print(f"   {name:30s} {statistics.median(rates) * GLOBAL_BATCH:9,.0f} examples/s  "
+                  f"{statistics.median(paired):.2f} ({min(paired):.2f}-{max(paired):.2f})")
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 

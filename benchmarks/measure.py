@@ -59,8 +59,10 @@ def matmul_peak_flops(dtype=tf.float32, n: int | None = None, repeats: int = 20)
     return 2 * n**3 * repeats / best
 
 
-def seconds_per_call(body, calls: int = 50, timings: int = 5) -> float:
-    """Best of `timings` timings of one compiled loop of `calls` calls of body(), per call."""
+def call_timer(body, calls: int = 50):
+    """A function that times one compiled loop of `calls` calls of body() and returns seconds per
+    call; traced and warmed up once here, so repeated timings (e.g. interleaved with other
+    measurements) pay no tracing."""
 
     @tf.function
     def loop(n):
@@ -70,12 +72,19 @@ def seconds_per_call(body, calls: int = 50, timings: int = 5) -> float:
         return out
 
     loop(tf.constant(min(3, calls))).numpy()
-    best = float("inf")
-    for _ in range(timings):
+
+    def time_once() -> float:
         start = time.perf_counter()
         loop(tf.constant(calls)).numpy()
-        best = min(best, time.perf_counter() - start)
-    return best / calls
+        return (time.perf_counter() - start) / calls
+
+    return time_once
+
+
+def seconds_per_call(body, calls: int = 50, timings: int = 5) -> float:
+    """Best of `timings` timings of one compiled loop of `calls` calls of body(), per call."""
+    time_once = call_timer(body, calls)
+    return min(time_once() for _ in range(timings))
 
 
 def graph_flops(function, *args) -> int:

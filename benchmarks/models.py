@@ -1,7 +1,7 @@
 """Every built-in model against its own ceiling and against Keras `model.fit`, and what that
 predicts beyond one machine.
 
-    python -m benchmarks.models                      # all five, about 20 minutes on 2 CPU cores
+    python -m benchmarks.models                      # all five, about 25 minutes on 2 CPU cores
     python -m benchmarks.models --models=mlp,cnn     # some of them
     python -m benchmarks.models --quick              # fewer steps and repeats (a smoke run)
 
@@ -15,11 +15,15 @@ on in-memory data, one replica, float32, global batch as in WORKLOADS:
     engine's ceiling.
   * the same step fed by the engine's input pipeline: what the input costs.
   * the engine: `train()` with the run's defaults (metrics, grad norm, finite check, summaries);
-    its own throughput, first (tracing) loop excluded. And, as an ablation that says what the
-    engine's guarded update costs, the engine with its finite checks answering True unseen.
+    its own throughput, first (tracing) loop excluded. And the engine with --input_mode=resident
+    (the arrays in device memory, no tf.data), and with --on_nonfinite=skip, whose update waits for
+    the finite check (what a guarded update costs).
   * `model.fit` on the same model, loss, optimizer and tf.data pipeline, at steps_per_execution 1
-    (its default) and at the best of 1/10/100. Engine, fit-best and fit-default alternate over the
-    repeats; medians are printed.
+    (its default) and at the best of 1/10/100.
+  Each round times every one of these once, in the same order (ROUND), so a burst of background
+  load hits all alike; ratios are taken within a round and summarised (median, lowest, highest)
+  over 3 rounds (1 with --quick). `--json=FILE` keeps every figure; `python -m
+  benchmarks.models_table FILE` regenerates the docs' table from it.
   * training FLOPs per example, counted by TensorFlow's profiler on the bare step's graph, so the
     achieved FLOP/s against the device's float32 matmul peak.
   * the peak RSS of a whole `python run.py` process training the model (a user's figure).
@@ -30,7 +34,6 @@ predicted scaling efficiency at stated link bandwidths (AT_SCALE_LINKS; docs/per
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import math
@@ -50,8 +53,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from benchmarks import measure  # noqa: E402
-from engine import update  # noqa: E402
+from benchmarks import measure, models_table  # noqa: E402
 from engine.config import Config  # noqa: E402
 from engine.controller import job  # noqa: E402
 from engine.controller.trainer import train  # noqa: E402
@@ -155,16 +157,12 @@ def fit_rate(config, task_class, data, steps_per_execution, steps, epochs) -> fl
                                         config.global_batch, steps, epochs)
 
 
-@contextlib.contextmanager
-def unguarded_update():
-    """Ablation (benchmark only): the engine's finite checks answer True without looking, so the
-    optimizer update no longer waits for every gradient (and a NaN would reach the weights)."""
-    original = update.all_finite
-    update.all_finite = lambda tensors: tf.constant(True)
-    try:
-        yield
-    finally:
-        update.all_finite = original
+# The measurements of one round, in the order they run; every round runs each once.
+ROUND = ("bare", "fed", "engine", "engine resident", "engine guarded", "fit best", "fit default")
+
+
+def spread(values) -> dict:
+    return dict(median=statistics.median(values), low=min(values), high=max(values))
 
 
 def measure_model(name: str, workdir: str, quick: bool) -> dict:
@@ -180,48 +178,53 @@ def measure_model(name: str, workdir: str, quick: bool) -> dict:
     flops = measure.graph_flops(step, features, labels)
     rough = measure.seconds_per_call(lambda: step(features, labels), calls=3, timings=1)
     calls = int(min(100, max(5, (1.0 if quick else 3.0) / rough)))
-    timings = 2 if quick else 5
-    bare_seconds = measure.seconds_per_call(lambda: step(features, labels), calls=calls, timings=timings)
+    time_bare = measure.call_timer(lambda: step(features, labels), calls)
     # The same step fed by the engine's input pipeline (next() inside the compiled loop).
     iterator = iter(data.train_dataset(batch, seed=1))
-    fed_seconds = measure.seconds_per_call(lambda: step(*next(iterator)), calls=calls, timings=timings)
+    time_fed = measure.call_timer(lambda: step(*next(iterator)), calls)
     parameters = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     gradient_bytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in model.trainable_variables)
 
     # Loops of about 1 s or more: 100 steps per loop for fast steps, 10 for slow ones.
-    spl = 100 if bare_seconds < 0.05 else 10
-    loops = max(2, math.ceil((1.5 if quick else 4.0) / (spl * bare_seconds)))
+    spl = 100 if rough < 0.05 else 10
+    loops = max(2, math.ceil((1.5 if quick else 4.0) / (spl * rough)))
     steps = spl * loops  # timed steps per engine run and per fit epoch
     engine_config = config.replace(steps_per_loop=spl, train_steps=spl * (loops + 1))
     fit_epochs = 1 if quick else 2
 
-    def engine_rate():
-        run_config = engine_config.replace(model_dir=tempfile.mkdtemp(prefix="bench_", dir=workdir))
+    def engine_rate(**changes):
+        run_config = engine_config.replace(model_dir=tempfile.mkdtemp(prefix="bench_", dir=workdir), **changes)
         return train(run_config, out=open(os.devnull, "w")).train_examples_per_sec
 
-    # The sweep is the first repeat of fit; then engine, its ablation and fit alternate, so drifts
-    # in machine load hit all alike.
+    # fit's steps_per_execution sweep is the first round's fit figures; then every round times each
+    # measurement once, in ROUND's order, so a burst of load hits all of them alike, and the ratios
+    # are taken within a round (paired), then summarised over the rounds.
     sweep = {spe: fit_rate(config, task_class, data, spe, steps, fit_epochs) for spe in (1, 10, 100) if spe <= spl}
     best_spe = max(sweep, key=sweep.get)
-    runs = {"engine": [], "engine unguarded": [], "fit best": [sweep[best_spe]], "fit default": [sweep[1]]}
-    repeats = 1 if quick else 3
-    for i in range(repeats):
-        runs["engine"].append(engine_rate())
-        with unguarded_update():
-            runs["engine unguarded"].append(engine_rate())
-        if i:
-            runs["fit best"].append(fit_rate(config, task_class, data, best_spe, steps, fit_epochs))
-            if best_spe != 1:
-                runs["fit default"].append(fit_rate(config, task_class, data, 1, steps, fit_epochs))
-    if best_spe == 1:
-        runs["fit default"] = runs["fit best"]
-    medians = {k: statistics.median(v) for k, v in runs.items()}
+    rounds = []
+    for i in range(1 if quick else 3):
+        measured = {"bare": batch / time_bare(), "fed": batch / time_fed(), "engine": engine_rate(),
+                    "engine resident": engine_rate(input_mode="resident"),
+                    "engine guarded": engine_rate(on_nonfinite="skip")}
+        if i == 0:
+            measured["fit best"], measured["fit default"] = sweep[best_spe], sweep[1]
+        else:
+            measured["fit best"] = fit_rate(config, task_class, data, best_spe, steps, fit_epochs)
+            measured["fit default"] = (measured["fit best"] if best_spe == 1
+                                       else fit_rate(config, task_class, data, 1, steps, fit_epochs))
+        rounds.append(measured)
+    column = {key: [r[key] for r in rounds] for key in ROUND}
     return dict(
         model=name, batch=batch, parameters=parameters, gradient_bytes=gradient_bytes,
-        flops_per_example=flops / batch, bare=batch / bare_seconds, bare_fed=batch / fed_seconds,
-        engine=medians["engine"], unguarded=medians["engine unguarded"], fit_best=medians["fit best"],
-        fit_default=medians["fit default"], best_spe=best_spe, steps_per_loop=spl, repeats=repeats,
-        runs=runs, sweep=sweep,
+        flops_per_example=flops / batch, best_spe=best_spe, steps_per_loop=spl, sweep=sweep, rounds=rounds,
+        medians={key: statistics.median(values) for key, values in column.items()},
+        ratios={"engine / bare": spread([r["engine"] / r["bare"] for r in rounds]),
+                "engine / fit best": spread([r["engine"] / r["fit best"] for r in rounds]),
+                "engine / fit default": spread([r["engine"] / r["fit default"] for r in rounds]),
+                "resident / bare": spread([r["engine resident"] / r["bare"] for r in rounds]),
+                "resident / fit best": spread([r["engine resident"] / r["fit best"] for r in rounds]),
+                "fed / bare": spread([r["fed"] / r["bare"] for r in rounds]),
+                "guarded / engine": spread([r["engine guarded"] / r["engine"] for r in rounds])},
     )
 
 
@@ -251,33 +254,23 @@ def child(name: str, workdir: str, quick: bool) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def rate(value: float) -> str:
-    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
-
-
-def print_tables(results: list, peak: float) -> None:
-    print("\n1. engine against its ceiling and against model.fit (examples/s, medians; targets: "
-          "engine/bare >= 0.95, engine/fit best >= 1.0, mlp engine/fit spe=1 >= 1.3)")
-    print("   bare: the compiled step on one constant batch; +input: fed by the engine's pipeline; "
-          "unguarded: the engine without its finite checks (an ablation)")
-    print(f"   {'model':15s} {'batch':>5s} {'bare':>9s} {'+input':>9s} {'engine':>9s} {'/bare':>6s} "
-          f"{'unguarded':>9s} {'fit spe=1':>9s} {'fit best':>9s} {'(spe)':>5s} {'/fit best':>9s} {'/fit spe=1':>10s}")
-    for r in results:
-        print(f"   {r['model']:15s} {r['batch']:>5d} {rate(r['bare']):>9s} {rate(r['bare_fed']):>9s} "
-              f"{rate(r['engine']):>9s} {r['engine'] / r['bare']:>6.2f} {rate(r['unguarded']):>9s} "
-              f"{rate(r['fit_default']):>9s} {rate(r['fit_best']):>9s} {r['best_spe']:>5d} "
-              f"{r['engine'] / r['fit_best']:>9.2f} {r['engine'] / r['fit_default']:>10.2f}")
-    print("   (engine --steps_per_loop per model: "
-          + ", ".join(f"{r['model']} {r['steps_per_loop']}" for r in results) + f"; medians of "
-          f"{results[0]['repeats']}; every run: see --json)")
+def print_tables(report: dict) -> None:
+    results, peak = report["results"], report["peak"]
+    print("\n1. engine against its ceiling and against model.fit (targets: engine / bare >= 0.90, >= 0.95 "
+          "where the bare step is over 5 ms; engine / fit best >= 1.0)")
+    print("   bare: the compiled step on one constant batch; + input: fed by the engine's pipeline; resident: "
+          "--input_mode=resident; guarded: --on_nonfinite=skip (the update waits for the finite check)\n")
+    print(models_table.engine_table(report))
+    print("   (engine --steps_per_loop per model: " + ", ".join(f"{r['model']} {r['steps_per_loop']}" for r in results)
+          + "; every round's figures: --json)")
 
     print(f"\n2. achieved FLOP/s against the float32 matmul peak ({peak / 1e9:,.1f} GFLOP/s) and memory")
     print(f"   {'model':15s} {'parameters':>10s} {'MFLOP/example':>13s} {'engine GFLOP/s':>14s} "
           f"{'of peak':>7s} {'bare of peak':>12s} {'peak RSS':>9s}")
     for r in results:
-        achieved = r["engine"] * r["flops_per_example"]
+        achieved = r["medians"]["engine"] * r["flops_per_example"]
         print(f"   {r['model']:15s} {r['parameters']:>10,d} {r['flops_per_example'] / 1e6:>13,.2f} "
-              f"{achieved / 1e9:>14,.1f} {achieved / peak:>7.1%} {r['bare'] * r['flops_per_example'] / peak:>12.1%} "
+              f"{achieved / 1e9:>14,.1f} {achieved / peak:>7.1%} {r['medians']['bare'] * r['flops_per_example'] / peak:>12.1%} "
               f"{r['peak_rss'] / 2**20:>6,.0f} MiB")
 
     print("\n3. at scale, on paper: gradient bytes all-reduced per step, the step time measured here "
@@ -287,7 +280,7 @@ def print_tables(results: list, peak: float) -> None:
     header = "".join(f" {link[0][:24]:>24s}" for link in AT_SCALE_LINKS)
     print(f"   {'model':15s} {'MB/step':>8s} {'step ms':>8s}{header}")
     for r in results:
-        step_seconds = r["batch"] / r["engine"]
+        step_seconds = r["batch"] / r["medians"]["engine"]
         cells = []
         for _, g, h, b_in, a_in, b_net, a_net in AT_SCALE_LINKS:
             t = allreduce_seconds(r["gradient_bytes"], g, h, b_in, a_in, b_net, a_net)
@@ -327,11 +320,15 @@ def main() -> None:
             result = child(name, workdir, args.quick)
             result["peak_rss"] = peak_rss(name, workdir, result["steps_per_loop"])
             results.append(result)
-    print_tables(results, peak)
-    print(f"\n(whole benchmark {time.perf_counter() - started:,.0f} s)")
+    report = dict(device=measure.device_description(), peak=peak, results=results,
+                  versions=f"TensorFlow {tf.__version__}, Keras {keras.__version__}",
+                  seconds=round(time.perf_counter() - started))
+    print_tables(report)
+    print(f"\n(whole benchmark {report['seconds']:,} s)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=measure.device_description(), peak=peak, results=results), f, indent=1)
+            json.dump(report, f, indent=1)
+        print(f"every figure written to {args.json}; the docs' table: python -m benchmarks.models_table {args.json}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from typing import Optional
 # The names the engine accepts, in one place (no TensorFlow import: flags/ uses them for --help).
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored")
 DATASETS = ("mnist", "fashion_mnist", "synthetic")  # built-in names; also npz:PATH, tfrecord:GLOB[,GLOB], images:DIR, tfds:NAME[:CONFIG], text:PATH
-INPUT_MODES = ("distribute_dataset", "per_worker")
+INPUT_MODES = ("distribute_dataset", "per_worker", "resident")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 LR_SCHEDULES = ("constant", "cosine", "warmup_cosine")
 MODES = ("train", "eval", "continuous_eval")

@@ -188,12 +188,16 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
         bad_steps = tf.constant(0, tf.int32)
         skipped_updates = tf.constant(0, tf.int32)
         last = [tf.zeros(v.shape, tf.float32) for v in task.model.trainable_variables] if gradients else []
+        # An iterator may hand over a reference that each replica turns into its batch
+        # (input_mode=resident: indices, gathered on the replica's device).
+        replica_batch = getattr(iterator, "replica_batch", None)
+        run_step = replica_step if replica_batch is None else (lambda reference: replica_step(replica_batch(reference)))
         for _ in tf.range(num_steps):
             batch = next(iterator)
             if fetched is not None:  # once the batch arrived (iterator and counter share no resource)
                 with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)[:1]):
                     fetched.assign_add(1)
-            outputs, bad, applied, kept = strategy.run(replica_step, args=(batch,))
+            outputs, bad, applied, kept = strategy.run(run_step, args=(batch,))
             step_totals = _reduce(strategy, outputs)
             if gradients:
                 local = [strategy.experimental_local_results(g)[0] for g in kept]

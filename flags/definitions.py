@@ -121,8 +121,10 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
     absl_flags.DEFINE_enum(
         "input_mode", "distribute_dataset", INPUT_MODES,
         "How training data reaches the replicas: distribute_dataset (one pipeline of global "
-        "batches, split by strategy.experimental_distribute_dataset) or per_worker (each worker "
-        "builds its own pipeline of per-replica batches, strategy.distribute_datasets_from_function).", **f)
+        "batches, split by strategy.experimental_distribute_dataset), per_worker (each worker "
+        "builds its own pipeline of per-replica batches, strategy.distribute_datasets_from_function) "
+        "or resident (in-memory sources only: the training arrays in every replica's device memory, "
+        "each batch gathered inside the compiled loop; the same batches, no tf.data).", **f)
     # Data.
     absl_flags.DEFINE_string(
         "dataset", "mnist",

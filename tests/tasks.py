@@ -426,3 +426,11 @@ class KilledOnceTask(Task):
             open(marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
         return {}
+
+
+class FlipTask(Task):
+    """Classification with an augmentation: each example negated or not, seeded by its stream position."""
+
+    def augment_example(self, features, label, seed):
+        flip = tf.random.stateless_uniform([], seed=seed) < 0.5
+        return tf.where(flip, -features, features), label

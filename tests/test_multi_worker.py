@@ -47,7 +47,7 @@ def _assert_same(a, b):
         np.testing.assert_allclose(x, y, atol=1e-5)
 
 
-@pytest.mark.parametrize("input_mode, accumulate", [("distribute_dataset", 1), ("per_worker", 2)])
+@pytest.mark.parametrize("input_mode, accumulate", [("distribute_dataset", 1), ("per_worker", 2), ("resident", 2)])
 def test_worker_layouts_train_alike(tmp_path, input_mode, accumulate):
     """2 workers x 1 replica == 1 worker x 2 replicas == 1 worker x 1 replica; the 2 workers also
     with 2 accumulated micro-batches each (their sum is the same update)."""

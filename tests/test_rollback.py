@@ -40,10 +40,11 @@ def _rollback_line(text: str) -> re.Match:
     return found
 
 
+@pytest.mark.parametrize("input_mode", ["distribute_dataset", "resident"])
 @pytest.mark.fast
-def test_a_bad_batch_rolls_back_and_training_goes_on_past_it(tmp_path):
+def test_a_bad_batch_rolls_back_and_training_goes_on_past_it(tmp_path, input_mode):
     out = io.StringIO()
-    result = train(small_config(tmp_path / "run", **_one_bad_example(tmp_path)), out=out)
+    result = train(small_config(tmp_path / "run", **_one_bad_example(tmp_path), input_mode=input_mode), out=out)
     assert result.final_step == 12, out.getvalue()
     bad, restored, batch = (int(g) for g in _rollback_line(out.getvalue()).groups())
     assert restored < bad <= restored + 4 and batch == bad - 1

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import TEST_TASKS, checkpoint_state, id_arrays, id_shards, small_config, stream_eval_totals
+from tasks import FlipTask
 from engine.config import Config
 from engine.controller.trainer import train
 from engine.data import builtin, sources, tfrecord
@@ -165,12 +166,6 @@ def test_two_replicas_resumed_match_one_replica_straight(tmp_path, kind):
 
 
 # ---- augmentation ----
-class FlipTask(Task):
-    def augment_example(self, features, label, seed):
-        flip = tf.random.stateless_uniform([], seed=seed) < 0.5
-        return tf.where(flip, -features, features), label
-
-
 @pytest.mark.fast
 def test_augmentation_seeds_differ_per_example_and_epoch_and_repeat(tmp_path):
     source = sources.load(Config(dataset=id_shards(tmp_path, n_train=64), shuffle_buffer=10))
@@ -186,6 +181,44 @@ def test_augmentation_seeds_differ_per_example_and_epoch_and_repeat(tmp_path):
     np.testing.assert_array_equal(first, signs(1))  # repeats with the seed
     assert not np.array_equal(first, signs(2))
     assert Task(small_config("/unused"), spec=source.spec).example_augmentation(1) is None  # no hook: no map
+
+
+@pytest.mark.parametrize("png", [True, False], ids=["png", "serialized_tensors"])
+@pytest.mark.fast
+def test_tfrecords_decoded_a_batch_at_a_time_match_record_by_record(tmp_path, png):
+    """The default schema decodes whole batches (one parse_example); its training batches (with a
+    Task's augmentation and 2 workers' shares) and eval batches equal decoding record by record."""
+    images, labels = builtin.synthetic_arrays(96, seed=1, shape=(8, 8, 3))
+    for split in ("train", "test"):
+        tfrecord.write_shards(str(tmp_path), split, images, labels, 3, png=png)
+    batched = tfrecord.load(f"{tmp_path}/train-*,{tmp_path}/test-*", Config(dataset="tfrecord:x", shuffle_buffer=20))
+    assert batched.decode_batch is not None
+    one_by_one = tfrecord.load(f"{tmp_path}/train-*,{tmp_path}/test-*", Config(dataset="tfrecord:x", shuffle_buffer=20))
+    one_by_one.decode_batch = None
+    augment = FlipTask(small_config("/unused"), spec=batched.spec).example_augmentation(4)
+
+    def stream(source, pipeline):
+        fn = source.train_dataset_fn(32, seed=4, skip_batches=1, augment=augment)
+        return list(fn(tf.distribute.InputContext(2, pipeline, 2)).take(5))
+
+    for pipeline in range(2):
+        for (xa, ya), (xb, yb) in zip(stream(batched, pipeline), stream(one_by_one, pipeline), strict=True):
+            np.testing.assert_array_equal(xa.numpy(), xb.numpy())
+            np.testing.assert_array_equal(ya.numpy(), yb.numpy())
+    for (xa, ya), (xb, yb) in zip(batched.test_batches(40), one_by_one.test_batches(40), strict=True):
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
+
+
+@pytest.mark.fast
+def test_tfrecord_serialized_tensor_of_another_shape_is_named(tmp_path):
+    images, labels = builtin.synthetic_arrays(4, seed=1, shape=(8, 8, 3))
+    others, _ = builtin.synthetic_arrays(4, seed=1, shape=(8, 8, 4))
+    first = tfrecord.write_shards(str(tmp_path / "a"), "train", images, labels, 1, png=False)[0]
+    second = tfrecord.write_shards(str(tmp_path / "b"), "train", others, labels, 1, png=False)[0]
+    source = tfrecord.load(f"{first},{second}", Config(dataset="tfrecord:x"))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="is not a uint8 tensor of shape \\[8, 8, 3\\]"):
+        list(source.test_batches(4))
 
 
 # ---- bad input: one clear error each ----

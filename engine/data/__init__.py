@@ -1,7 +1,7 @@
 """Data: where examples come from and how they reach the replicas.
 
 Imports run one way (no cycles; tests/test_import_graph.py checks): formats, spec, readers are
-leaves; arrays, streams, task_data build on them; the source modules build on those; sources.py
+leaves; arrays, streams, task_data build on them (resident on arrays); the source modules build on those; sources.py
 dispatches `--dataset` to them; pipelines.py distributes what a source gives. Nothing here imports
 the Task: the controller hands the Task's augmentation to the pipeline.
 
@@ -9,6 +9,7 @@ the Task: the controller hands the Task's augmentation to the pipeline.
   spec.py           DataSpec: one example's feature and label specs, class count and names
   readers.py        file formats (IDX, Keras' mnist.npz), pure NumPy
   arrays.py         ArraySource: a data set in memory, its seeded index-batch pipelines
+  resident.py       --input_mode=resident: in-memory arrays on the devices, gathered in the loop
   streams.py        StreamSource: files streamed per worker (sharding, shuffle buffer, exact skip)
   builtin.py        --dataset=mnist | fashion_mnist | synthetic, and npz:PATH
   tfrecord.py       --dataset=tfrecord:TRAIN_GLOB[,TEST_GLOB] (and the npz -> shards writer)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from engine.data.formats import normalise_features, normalise_labels, with_options
+from engine.data.formats import augment_each, normalise_features, normalise_labels, with_options
 from engine.data.spec import DataSpec
 from engine.errors import UserError
 
@@ -118,34 +118,41 @@ def _check_label_range(where, y_train, y_test, num_classes, pad_label=None) -> N
                             f"[0, {num_classes - 1}] (--num_classes={num_classes})")
 
 
+def epoch_order(num_examples: int, seed: int | None, epoch):
+    """The example indices of epoch `epoch` (an int64 tensor): a permutation drawn from (seed, epoch)
+    without state, so any epoch's order can be computed again (resume, rollback, input_mode=resident)."""
+    return tf.random.experimental.stateless_shuffle(
+        tf.range(num_examples, dtype=tf.int32), seed=tf.stack([tf.constant(0 if seed is None else seed, tf.int64),
+                                                               tf.cast(epoch, tf.int64)]))
+
+
 def _index_batches(num_examples: int, global_batch: int, seed: int | None, skip_batches: int):
     """Endless (batch number, GLOBAL batch of example indices): epoch e is a fresh permutation
     drawn from (seed, e) without state, cut into full batches (the remainder is dropped); batches
     already trained are skipped (cheap: nothing is gathered for them)."""
     steps = num_examples // global_batch
-    seed = 0 if seed is None else seed
 
     def epoch(e):
-        order = tf.random.experimental.stateless_shuffle(
-            tf.range(num_examples, dtype=tf.int32), seed=tf.stack([tf.constant(seed, tf.int64), e]))
+        order = epoch_order(num_examples, seed, e)
         return tf.data.Dataset.from_tensor_slices(tf.reshape(order[: steps * global_batch], [steps, global_batch]))
 
     dataset = tf.data.Dataset.range(2**62).flat_map(epoch).enumerate()
     return dataset.skip(skip_batches) if skip_batches else dataset
 
 
-def _gather_normalised(features, labels, global_batch, augment):
-    """(batch number, indices) -> normalised (features, labels), one gather per batch; `augment`
-    (per example, with its stream position as seed) when the Task has one."""
-    features, labels = tf.constant(features), tf.constant(labels)
+def gather_normalised(features, labels, global_batch, augment):
+    """(batch number, indices[, rows]) -> normalised (features, labels), one gather per batch;
+    `augment` (per example, with its stream position as seed) when the Task has one; `rows`: the
+    examples' places in their global batch (default: 0, 1, ...). `features` and `labels` are
+    arrays (made constants) or variables (read where the gather runs: input_mode=resident)."""
+    if not isinstance(features, tf.Variable):
+        features, labels = tf.constant(features), tf.constant(labels)
 
     def gather(batch_number, indices, rows=None):
         x, y = _normalise(tf.gather(features, indices), tf.gather(labels, indices))
         if augment is not None:
             rows = tf.range(tf.shape(indices)[0], dtype=tf.int64) if rows is None else rows
-            x, y = tf.map_fn(lambda example: augment(*example), (x, y, batch_number * global_batch + rows),
-                             fn_output_signature=(tf.TensorSpec(x.shape[1:], x.dtype),
-                                                  tf.TensorSpec(y.shape[1:], y.dtype)))
+            x, y = augment_each(augment, x, y, batch_number * global_batch + rows)
         return x, y
 
     return gather
@@ -154,7 +161,7 @@ def _gather_normalised(features, labels, global_batch, augment):
 def train_dataset(features, labels, global_batch: int, seed: int | None, skip_batches: int = 0, augment=None):
     """The endless training stream of GLOBAL batches; epoch k is the k-th reshuffle."""
     dataset = _index_batches(len(features), global_batch, seed, skip_batches)
-    dataset = dataset.map(_gather_normalised(features, labels, global_batch, augment),
+    dataset = dataset.map(gather_normalised(features, labels, global_batch, augment),
                           num_parallel_calls=tf.data.AUTOTUNE)
     return with_options(dataset.prefetch(tf.data.AUTOTUNE))
 
@@ -170,7 +177,7 @@ def per_worker_train_dataset_fn(features, labels, global_batch: int, seed: int |
         per_replica = context.get_per_replica_batch_size(global_batch)
         local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
         start = context.input_pipeline_id * local_replicas * per_replica
-        gather = _gather_normalised(features, labels, global_batch, augment)
+        gather = gather_normalised(features, labels, global_batch, augment)
 
         def this_workers_batches(batch_number, indices):
             mine = tf.reshape(indices[start:start + local_replicas * per_replica], [local_replicas, per_replica])

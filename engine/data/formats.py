@@ -3,6 +3,7 @@
   normalise_features / normalise_labels   the engine's one normalisation of raw examples
   parse_shape                             "32,32,3" -> (32, 32, 3), with a one-line error
   with_options                            the tf.data options of every pipeline the engine builds
+  augment_each                            a Task's per-example augmentation over a batch
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ def normalise_features(x, batched: bool = True):
     """uint8 -> float32 in [0, 1] (images; (H, W) grey images gain a channel axis), other floats
     -> float32, other integers -> int32 (e.g. token ids)."""
     if x.dtype == tf.uint8:
-        x = tf.cast(x, tf.float32) / 255.0
+        x = tf.cast(x, tf.float32) * (1.0 / 255.0)
         return x[..., tf.newaxis] if x.shape.rank == 2 + batched else x
     return tf.cast(x, tf.float32 if x.dtype.is_floating else tf.int32)
 
@@ -37,13 +38,25 @@ def parse_shape(text: str, flag: str) -> tuple:
     return shape
 
 
+# Off: tf.data's autotuning of the engine's pipelines. benchmarks/input_pipelines.py measures the
+# engine's training rate with it on and off in one run (docs/performance.md "Input pipelines").
+AUTOTUNE_PIPELINES = False
+
+
 def with_options(dataset: tf.data.Dataset, deterministic: bool = True,
                  policy=tf.data.experimental.AutoShardPolicy.DATA) -> tf.data.Dataset:
     """The engine's options for every pipeline it builds: deterministic order, the auto-shard
     policy, and no tf.data autotuning (see engine/data/pipelines.py: deleting an autotuned iterator
-    could block the process's exit for up to a minute)."""
+    could block the process's exit for up to a minute; AUTOTUNE_PIPELINES)."""
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = policy
     options.deterministic = deterministic
-    options.autotune.enabled = False
+    options.autotune.enabled = AUTOTUNE_PIPELINES
     return dataset.with_options(options)
+
+
+def augment_each(augment, x, y, positions):
+    """A batch (x, y) with the Task's `augment(x, y, position)` applied to each example; `positions`
+    are the examples' stream positions (int64), their seeds."""
+    return tf.map_fn(lambda example: augment(*example), (x, y, positions),
+                     fn_output_signature=(tf.TensorSpec(x.shape[1:], x.dtype), tf.TensorSpec(y.shape[1:], y.dtype)))

@@ -1,8 +1,9 @@
 """A source's tf.data pipelines, split across replicas and workers, at the GLOBAL batch.
 
 In-memory sources (engine/data/arrays.py) go through `--input_mode`: one pipeline of global
-batches split by `strategy.experimental_distribute_dataset`, or per-worker pipelines
-(`distribute_datasets_from_function`) that keep each worker's slice of the same global batches.
+batches split by `strategy.experimental_distribute_dataset`, per-worker pipelines
+(`distribute_datasets_from_function`) that keep each worker's slice of the same global batches, or
+no pipeline: the arrays in every replica's memory, gathered inside the loop (engine/data/resident.py).
 Streamed sources (engine/data/streams.py) always build one pipeline per worker with
 `distribute_datasets_from_function`, sharded by file or by record.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from engine.config import INPUT_MODES
+from engine.data import resident
 from engine.errors import UserError
 
 
@@ -53,6 +55,8 @@ def distributed_train_data(strategy, source, config, seed: int, skip_batches: in
     if source.streamed:
         return strategy.distribute_datasets_from_function(
             source.train_dataset_fn(config.global_batch, seed, skip_batches, augment))
+    if config.input_mode == "resident":
+        return resident.ResidentTrainData(strategy, source, config.global_batch, seed, skip_batches, augment)
     if config.input_mode == "per_worker":
         return strategy.distribute_datasets_from_function(
             source.per_worker_train_dataset_fn(config.global_batch, seed, skip_batches, augment))

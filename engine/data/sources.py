@@ -81,6 +81,9 @@ def _check_image_options(config, kind) -> None:
 
 
 def _check_options(config, source) -> None:
+    if config.input_mode == "resident" and source.streamed:
+        raise UserError(f"--input_mode=resident holds an in-memory source's arrays on the devices; {source.where} "
+                        "is streamed from files: drop --input_mode (or use an in-memory source, e.g. npz:PATH)")
     if config.num_classes and source.spec.num_classes not in (None, config.num_classes):
         raise UserError(f"--num_classes={config.num_classes} but {source.where} has "
                         f"{source.spec.num_classes} classes")

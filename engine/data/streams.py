@@ -12,6 +12,9 @@ Training, per input pipeline (one per worker):
     -> skip(records already trained, on resume: raw records, nothing decoded)
     -> decode (+ the Task's augmentation, seeded by the record's stream position)
     -> batch(per-replica batch) -> prefetch
+A source that can decode a whole batch at once (`decode_batch`, e.g. TFRecords of the default
+schema: one parse_example per batch) batches the raw records first and decodes each batch in one
+call: the same examples in the same order, without tf.data's per-record function call.
 --cache keeps each pipeline's raw records in memory after the first pass (the units are then
 read in one fixed order and the shuffle buffer alone shuffles).
 Evaluation: the units in order -> read -> decode -> batch(per-replica, partial kept) -> prefetch.
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from engine.data.formats import with_options
+from engine.data.formats import augment_each, with_options
 from engine.errors import UserError
 
 DEFAULT_SHUFFLE_BUFFER = 10_000
@@ -48,10 +51,12 @@ class StreamSource:
     streamed = True
 
     def __init__(self, *, name, where, train_units, test_units, read, decode, spec, num_train, num_test,
-                 shuffle_buffer=DEFAULT_SHUFFLE_BUFFER, cache=False):
+                 shuffle_buffer=DEFAULT_SHUFFLE_BUFFER, cache=False, decode_batch=None):
+        """`decode_batch(records) -> (features, labels)`: optional, `decode` over a batch of records
+        (a 1-D tensor of them) in one call, giving exactly what per-record decoding gives."""
         self.name, self.where, self.spec = name, where, spec
         self.train_units, self.test_units = train_units, test_units
-        self.read, self.decode = read, decode
+        self.read, self.decode, self.decode_batch = read, decode, decode_batch
         self.num_train, self.num_test = num_train, num_test
         self.shuffle_buffer, self.cache = shuffle_buffer, cache
 
@@ -107,22 +112,30 @@ class StreamSource:
             records = tf.data.Dataset.range(2**62).flat_map(epoch).enumerate()
             if skip_batches:
                 records = records.skip(skip_batches * local_batch)
-            decode = self._decode_with_position(augment, pipeline)
-            dataset = records.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
-            dataset = dataset.batch(per_replica, drop_remainder=True)
+            dataset = self._decoded_batches(records, per_replica, augment, pipeline)
             return with_options(dataset.prefetch(tf.data.AUTOTUNE),
                                 policy=tf.data.experimental.AutoShardPolicy.OFF)
 
         return dataset_fn
 
-    def _decode_with_position(self, augment, pipeline):
+    def _decoded_batches(self, records, per_replica: int, augment, pipeline: int):
+        """(stream position, raw record) elements -> decoded, augmented per-replica batches."""
+        offset = tf.constant(pipeline, tf.int64) * (1 << 40)  # positions distinct across pipelines
+
+        if self.decode_batch is not None:
+            def decode_batch(positions, records):
+                x, y = self.decode_batch(records)
+                return (x, y) if augment is None else augment_each(augment, x, y, positions + offset)
+
+            return records.batch(per_replica, drop_remainder=True).map(decode_batch, num_parallel_calls=tf.data.AUTOTUNE)
+
         def decode(position, record):  # tuple records as separate arguments, as Dataset.map passes them
             x, y = self.decode(*record) if isinstance(record, tuple) else self.decode(record)
             if augment is not None:
-                x, y = augment(x, y, position + tf.constant(pipeline, tf.int64) * (1 << 40))
+                x, y = augment(x, y, position + offset)
             return x, y
 
-        return decode
+        return records.map(decode, num_parallel_calls=tf.data.AUTOTUNE).batch(per_replica, drop_remainder=True)
 
     def eval_dataset_fn(self, global_batch: int):
         def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -132,15 +145,19 @@ class StreamSource:
             dataset = self._records(units, by_data, pipeline, pipelines)
             if self.cache:
                 dataset = dataset.cache()  # raw records of the test split, kept after the first eval
-            dataset = dataset.map(self.decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-            return with_options(dataset.batch(per_replica).prefetch(tf.data.AUTOTUNE),
+            return with_options(self._batched(dataset, per_replica).prefetch(tf.data.AUTOTUNE),
                                 policy=tf.data.experimental.AutoShardPolicy.OFF)
 
         return dataset_fn
 
+    def _batched(self, records, batch_size: int):
+        """Raw records in order -> decoded batches (the last one partial)."""
+        if self.decode_batch is not None:
+            return records.batch(batch_size).map(self.decode_batch, num_parallel_calls=tf.data.AUTOTUNE)
+        return records.map(self.decode, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size)
+
     def _local(self, units, batch_size):
-        dataset = self._records(units, False, 0, 1).map(self.decode, num_parallel_calls=tf.data.AUTOTUNE)
-        return dataset.batch(batch_size).prefetch(2)
+        return self._batched(self._records(units, False, 0, 1), batch_size).prefetch(2)
 
     def preview(self, count: int):
         x, y = next(iter(self._local(self.train_units, count)))

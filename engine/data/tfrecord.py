@@ -21,6 +21,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from tensorflow.core.framework import tensor_pb2
+
 from engine.data import image_folders, streams
 from engine.data.formats import normalise_features, normalise_labels
 from engine.data.spec import DataSpec
@@ -44,8 +46,10 @@ def _first_example(path: str) -> tf.train.Example:
 
 
 def _default_schema(path: str, image_size: str = ""):
-    """(decode function, label feature, raw features spec) of the default schema, from the first
-    record of `path`; the raw spec (one example before normalisation) is None for resized images."""
+    """(decode, decode_batch, label feature, raw features spec) of the default schema, from the first
+    record of `path`: decode parses one record, decode_batch a batch of them at once (one
+    parse_example; serialized tensors sliced out of the batch's bytes without a per-record call);
+    the raw spec (one example before normalisation) is None for resized images."""
     features = _first_example(path).features.feature
     if "label" not in features or ("image" not in features and "x" not in features):
         raise UserError(
@@ -57,35 +61,71 @@ def _default_schema(path: str, image_size: str = ""):
     label_shape = () if label_len == 1 else (label_len,)
     spec = {"label": tf.io.FixedLenFeature(label_shape, label_dtype)}
     if "image" in features:
-        spec["image"] = tf.io.FixedLenFeature((), tf.string)
+        key = "image"
         shape = tf.io.decode_image(features["image"].bytes_list.value[0], expand_animations=False).shape
         channels, size = shape[-1], image_folders.parse_image_size(image_size)
         shape = (*size, channels) if size else shape
-
         raw = None if size else tf.TensorSpec(shape, tf.uint8)
 
-        def to_features(parsed):  # uint8 (normalised by the caller), or float [0, 1] when resized
-            image = tf.io.decode_image(parsed["image"], channels=channels, expand_animations=False)
+        def to_features(value):  # uint8 (normalised by the caller), or float [0, 1] when resized
+            image = tf.io.decode_image(value, channels=channels, expand_animations=False)
             return tf.ensure_shape(image_folders.to_float_image(image, size) if size else image, shape)
+
+        def to_features_batch(values):  # an image decoder takes one image: one call per record
+            return tf.map_fn(to_features, values, fn_output_signature=tf.TensorSpec(
+                shape, tf.float32 if size else tf.uint8))
     elif image_size:
         raise UserError(f"--image_size={image_size}: the records of {path} hold 'x' tensors, not encoded "
                         "images; drop --image_size")
     else:
-        from tensorflow.core.framework import tensor_pb2
-
-        spec["x"] = tf.io.FixedLenFeature((), tf.string)
-        proto = tensor_pb2.TensorProto.FromString(features["x"].bytes_list.value[0])
+        key = "x"
+        first = features["x"].bytes_list.value[0]
+        proto = tensor_pb2.TensorProto.FromString(first)
         dtype, shape = tf.as_dtype(proto.dtype), [d.size for d in proto.tensor_shape.dim]
         raw = tf.TensorSpec(shape, dtype)
 
-        def to_features(parsed):
-            return tf.ensure_shape(tf.io.parse_tensor(parsed["x"], dtype), shape)
+        def to_features(value):
+            return tf.ensure_shape(tf.io.parse_tensor(value, dtype), shape)
+
+        to_features_batch = _serialized_tensors_decoder(path, first, proto, dtype, shape, to_features)
+    spec[key] = tf.io.FixedLenFeature((), tf.string)
 
     def decode(serialized):
         parsed = tf.io.parse_single_example(serialized, spec)
-        return normalise_features(to_features(parsed), batched=False), normalise_labels(parsed["label"])
+        return normalise_features(to_features(parsed[key]), batched=False), normalise_labels(parsed["label"])
 
-    return decode, spec["label"], raw
+    def decode_batch(serialized):
+        parsed = tf.io.parse_example(serialized, spec)
+        return normalise_features(to_features_batch(parsed[key])), normalise_labels(parsed["label"])
+
+    return decode, decode_batch, spec["label"], raw
+
+
+def _serialized_tensors_decoder(path, first: bytes, proto, dtype, shape, to_features):
+    """A batch of tf.io.serialize_tensor strings -> one (batch, *shape) tensor. Tensors of one dtype
+    and shape serialize to the same header followed by their raw bytes, so the batch is sliced and
+    decoded in two vectorised ops; every record's header is checked against the first record's (a
+    record of another dtype or shape fails naming the file of the first). Falls back to one
+    parse_tensor per record where the bytes are not stored raw."""
+    size = int(np.prod(shape, dtype=np.int64)) * dtype.size
+    if not proto.tensor_content or dtype not in _RAW_DTYPES or len(first) <= size:
+        return lambda values: tf.map_fn(to_features, values, fn_output_signature=tf.TensorSpec(shape, dtype))
+    header = first[:len(first) - size]
+
+    def to_features_batch(values):
+        same = tf.reduce_all(tf.equal(tf.strings.substr(values, 0, len(header)), header)) & tf.reduce_all(
+            tf.equal(tf.strings.length(values), len(first)))
+        check = tf.debugging.Assert(same, [f"{path}: a record's 'x' is not a {dtype.name} tensor of shape "
+                                           f"{shape} like the first record's"])
+        with tf.control_dependencies([check]):
+            flat = tf.io.decode_raw(tf.strings.substr(values, len(header), size), dtype)
+        return tf.reshape(flat, [-1, *shape])
+
+    return to_features_batch
+
+
+# Dtypes whose serialized tensors hold their raw bytes (tensor_content), which decode_raw reads.
+_RAW_DTYPES = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16, tf.float32, tf.float64)
 
 
 def _scan(files, label_feature=None) -> tuple:
@@ -116,14 +156,14 @@ def load(argument: str, config, parse_example=None) -> streams.StreamSource:
     test_files = _files(test_glob, "test") if test_glob else train_files
     where = f"TFRecords {train_glob}" + (f" (test {test_glob})" if test_glob else " (also the test split)")
     num_classes = config.num_classes or None
-    label_feature = raw = None  # a Task's parse_example: its raw form is the Task's own
+    label_feature = raw = decode_batch = None  # a Task's parse_example: its raw form is the Task's own
     if parse_example is not None:
         if config.image_size:
             raise UserError(f"--image_size={config.image_size}: the Task's parse_example decodes {where}; "
                             "resize there, or drop --image_size")
         decode = parse_example
     else:
-        decode, label_feature, raw = _default_schema(train_files[0], config.image_size)
+        decode, decode_batch, label_feature, raw = _default_schema(train_files[0], config.image_size)
         if label_feature.dtype != tf.int64:
             label_feature = None  # float targets: nothing to range-check
     train_scan = _scan(train_files, label_feature)
@@ -144,7 +184,7 @@ def load(argument: str, config, parse_example=None) -> streams.StreamSource:
                         "must have the same shape (resize images when writing them, or in parse_example)")
     return streams.StreamSource(
         name=f"tfrecord:{argument}", where=where, train_units=train_files, test_units=test_files,
-        read=tf.data.TFRecordDataset, decode=decode, spec=spec,
+        read=tf.data.TFRecordDataset, decode=decode, decode_batch=decode_batch, spec=spec,
         num_train=streams.check_not_empty(where, "train", num_train),
         num_test=streams.check_not_empty(where, "test", num_test),
         shuffle_buffer=config.shuffle_buffer, cache=config.cache)

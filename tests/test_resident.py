@@ -1,0 +1,50 @@
+"""--input_mode=resident (engine/data/resident.py): the training arrays in every replica's memory,
+batches gathered inside the compiled loop. It trains bit for bit like the tf.data pipeline (same
+examples, same augmentation seeds, any replica count, accumulation), resumes exactly, and a
+streamed source is refused in one line. Rollback: tests/test_rollback.py; two workers:
+tests/test_multi_worker.py; with every other feature: tests/test_combinations.py."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from helpers import TEST_TASKS, checkpoint_state, id_shards, small_config
+from engine.controller.trainer import train
+from engine.errors import UserError
+
+pytestmark = pytest.mark.fast
+QUIET = dict(out=open(os.devnull, "w"))
+# 10 batches an epoch, 23 steps: three epochs' permutations; a Task with per-example augmentation.
+RUN = dict(synthetic_train_examples=640, global_batch=64, train_steps=23, steps_per_loop=5,
+           task=f"{TEST_TASKS}:FlipTask", deterministic=True, eval_every=-1)
+
+
+@pytest.mark.parametrize("replicas, accumulate", [(1, 1), (2, 2)])
+def test_resident_trains_bit_for_bit_like_the_pipeline(tmp_path, replicas, accumulate):
+    runs = {}
+    for mode in ("distribute_dataset", "resident"):
+        train(small_config(tmp_path / mode, **RUN, input_mode=mode, strategy="mirrored", cpu_replicas=replicas,
+                           grad_accum_steps=accumulate), **QUIET)
+        runs[mode] = checkpoint_state(tmp_path / mode)
+    assert sorted(runs["resident"]) == sorted(runs["distribute_dataset"])
+    for name, value in runs["resident"].items():
+        np.testing.assert_array_equal(value, runs["distribute_dataset"][name], err_msg=name)
+
+
+def test_resident_resumes_exactly(tmp_path):
+    config = small_config(tmp_path / "stopped", **RUN, input_mode="resident")
+    train(config.replace(train_steps=12), **QUIET)  # stops inside the second epoch
+    assert train(config, **QUIET).start_step == 12
+    train(config.replace(model_dir=str(tmp_path / "straight")), **QUIET)
+    stopped, straight = checkpoint_state(tmp_path / "stopped"), checkpoint_state(tmp_path / "straight")
+    assert sorted(stopped) == sorted(straight)
+    for name, value in stopped.items():
+        np.testing.assert_array_equal(value, straight[name], err_msg=name)
+
+
+def test_a_streamed_source_is_refused(tmp_path):
+    with pytest.raises(UserError, match=r"--input_mode=resident .* is streamed from files"):
+        train(small_config(tmp_path / "run", dataset=id_shards(tmp_path / "data"), input_mode="resident"), **QUIET)
