@@ -48,6 +48,24 @@ def engine_table(report: dict) -> str:
                               f"rounds' paired ratios.")
 
 
+def flops_table(report: dict) -> str:
+    """Parameters, FLOPs, achieved FLOP/s against the matmul peak, and the peak RSS of run.py."""
+    peak = report["peak"]
+    rows = [f"| model | parameters | MFLOP / example | engine GFLOP/s | of the matmul peak ({peak / 1e9:,.0f} GFLOP/s) "
+            "| bare step, of the peak | peak RSS of `run.py` |", "|---|---|---|---|---|---|---|"]
+    for r in report["results"]:
+        achieved, bare = (r["medians"][key] * r["flops_per_example"] for key in ("engine", "bare"))
+        rows.append(f"| `{NAMES.get(r['model'], r['model'])}` | {r['parameters']:,} | {r['flops_per_example'] / 1e6:,.2f} "
+                    f"| {achieved / 1e9:,.1f} | {achieved / peak:.0%} | {bare / peak:.0%} "
+                    f"| {r['peak_rss'] / 2**20:,.0f} MiB |")
+    return "\n".join(rows)
+
+
+def tables(report: dict) -> str:
+    """The docs' block: both tables."""
+    return engine_table(report) + "\n\n" + flops_table(report)
+
+
 def replace_block(text: str, block: str) -> str:
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{DOC}: the markers {BEGIN!r} and {END!r} are missing")
@@ -61,7 +79,7 @@ def main() -> None:
     parser.add_argument("json_file", help="the output of python -m benchmarks.models --json=FILE")
     args = parser.parse_args()
     with open(args.json_file) as f:
-        block = engine_table(json.load(f))
+        block = tables(json.load(f))
     with open(DOC) as f:
         text = f.read()
     with open(DOC, "w") as f:

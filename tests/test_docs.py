@@ -1,16 +1,19 @@
 """The docs are true to the code: the generated flags reference is current, every Config field is
-a flag, the README stays a short front page whose test command is the one CI runs, and every
-relative link in README.md, BUILD.md and docs/ leads to a file and heading that exist."""
+a flag, the performance table is generated from the benchmark's committed JSON, the README stays
+a short front page whose test command is the one CI runs, and every relative link in README.md,
+BUILD.md and docs/ leads to a file and heading that exist."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 
 import pytest
 from absl import flags as absl_flags
 
+from benchmarks import models_table
 from engine.config import Config
 from flags import reference
 from flags.definitions import define_flags
@@ -42,6 +45,20 @@ def test_flags_reference_changes_with_a_help_text(monkeypatch):
     monkeypatch.setattr(absl_flags, "DEFINE_integer", changed)
     page = reference.render()
     assert page != _read("docs/flags.md") and "CHANGED" in page
+
+
+def test_performance_table_is_generated_from_the_committed_benchmark_json():
+    """docs/performance.md's models table is the rendering of benchmarks/results/models_cpu.json,
+    and a changed figure in the JSON gives another table (so an edit by hand fails here)."""
+    with open(os.path.join(REPO, "benchmarks", "results", "models_cpu.json")) as f:
+        report = json.load(f)
+    page = _read("docs/performance.md")
+    block = models_table.tables(report)
+    assert models_table.replace_block(page, block) == page, (
+        "docs/performance.md's models table is stale: run `python -m benchmarks.models_table "
+        "benchmarks/results/models_cpu.json`")
+    report["results"][0]["medians"]["engine"] *= 2
+    assert models_table.tables(report) != block
 
 
 def test_every_config_field_is_a_flag_and_every_flag_a_field():
