@@ -140,16 +140,20 @@ def _index_batches(num_examples: int, global_batch: int, seed: int | None, skip_
     return dataset.skip(skip_batches) if skip_batches else dataset
 
 
-def gather_normalised(features, labels, global_batch, augment):
+def gather_normalised(features, labels, global_batch, augment, dtypes=None):
     """(batch number, indices[, rows]) -> normalised (features, labels), one gather per batch;
     `augment` (per example, with its stream position as seed) when the Task has one; `rows`: the
     examples' places in their global batch (default: 0, 1, ...). `features` and `labels` are
-    arrays (made constants) or variables (read where the gather runs: input_mode=resident)."""
+    arrays (made constants) or variables (read where the gather runs: input_mode=resident);
+    `dtypes`: the (features, labels) dtypes to cast the gathered values back to, when stored wider."""
     if not isinstance(features, tf.Variable):
         features, labels = tf.constant(features), tf.constant(labels)
 
     def gather(batch_number, indices, rows=None):
-        x, y = _normalise(tf.gather(features, indices), tf.gather(labels, indices))
+        x, y = tf.gather(features, indices), tf.gather(labels, indices)
+        if dtypes is not None:
+            x, y = tf.cast(x, dtypes[0]), tf.cast(y, dtypes[1])
+        x, y = _normalise(x, y)
         if augment is not None:
             rows = tf.range(tf.shape(indices)[0], dtype=tf.int64) if rows is None else rows
             x, y = augment_each(augment, x, y, batch_number * global_batch + rows)

@@ -16,9 +16,13 @@ small reference to the batch, and `iterator.replica_batch(reference)` (replica c
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from engine.data.arrays import epoch_order, gather_normalised
+
+# Dtypes a collective broadcast refuses (MultiWorkerMirroredStrategy's variable initialisation).
+_NOT_BROADCAST = (tf.uint8, tf.int8, tf.uint16, tf.int16)
 
 
 class ResidentTrainData:
@@ -29,10 +33,16 @@ class ResidentTrainData:
         self.steps_per_epoch = source.num_train // global_batch
         self.per_replica = global_batch // strategy.num_replicas_in_sync
         self.skip_batches = skip_batches
+        arrays = [source.x_train, source.y_train]
+        dtypes = [tf.as_dtype(a.dtype) for a in arrays]
+        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            # Its variables start from worker 0's value by a collective broadcast, which takes no
+            # 8- or 16-bit integers: those are held as int32 and cast back after each gather.
+            arrays = [a.astype(np.int32) if t in _NOT_BROADCAST else a for a, t in zip(arrays, dtypes)]
         with strategy.scope():  # mirrored: each replica reads its own device's copy
-            features = tf.Variable(source.x_train, trainable=False, name="resident_features")
-            labels = tf.Variable(source.y_train, trainable=False, name="resident_labels")
-        self.gather = gather_normalised(features, labels, global_batch, augment)
+            features = tf.Variable(arrays[0], trainable=False, name="resident_features")
+            labels = tf.Variable(arrays[1], trainable=False, name="resident_labels")
+        self.gather = gather_normalised(features, labels, global_batch, augment, dtypes)
 
     def __iter__(self):
         return ResidentIterator(self, self.skip_batches)
