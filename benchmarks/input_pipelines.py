@@ -28,6 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from benchmarks import measure, models_table  # noqa: E402
 from engine.config import Config  # noqa: E402
 from engine.controller.trainer import train  # noqa: E402
 from engine.data import builtin, formats, sources, tfrecord  # noqa: E402
@@ -129,9 +130,9 @@ def main():
         print(f"\ntrain cnn (engine, one replica, {steps} steps; medians of {rounds} interleaved round(s); "
               "ratio: to in memory in the same round, median (lowest-highest))")
         for name, rates in runs.items():
-            paired = [r / m for r, m in zip(rates, runs["in memory"])]
+            paired = measure.spread([r / m for r, m in zip(rates, runs["in memory"])])
             print(f"   {name:30s} {statistics.median(rates) * GLOBAL_BATCH:9,.0f} examples/s  "
-                  f"{statistics.median(paired):.2f} ({min(paired):.2f}-{max(paired):.2f})")
+                  f"{models_table.ratio(paired)}")
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 

@@ -87,6 +87,11 @@ def seconds_per_call(body, calls: int = 50, timings: int = 5) -> float:
     return min(time_once() for _ in range(timings))
 
 
+def spread(values) -> dict:
+    """Median, lowest and highest of repeated measurements (e.g. per-round paired ratios)."""
+    return dict(median=statistics.median(values), low=min(values), high=max(values))
+
+
 def graph_flops(function, *args) -> int:
     """Floating-point operations of one call of the tf.function `function` on `args`, counted by
     TensorFlow's profiler over the traced graph (matmuls, convolutions and their gradients,

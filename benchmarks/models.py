@@ -161,10 +161,6 @@ def fit_rate(config, task_class, data, steps_per_execution, steps, epochs) -> fl
 ROUND = ("bare", "fed", "engine", "engine resident", "engine guarded", "fit best", "fit default")
 
 
-def spread(values) -> dict:
-    return dict(median=statistics.median(values), low=min(values), high=max(values))
-
-
 def measure_model(name: str, workdir: str, quick: bool) -> dict:
     config = config_for(name, workdir)
     task_class, data, _ = job.load_data(config)
@@ -218,13 +214,13 @@ def measure_model(name: str, workdir: str, quick: bool) -> dict:
         model=name, batch=batch, parameters=parameters, gradient_bytes=gradient_bytes,
         flops_per_example=flops / batch, best_spe=best_spe, steps_per_loop=spl, sweep=sweep, rounds=rounds,
         medians={key: statistics.median(values) for key, values in column.items()},
-        ratios={"engine / bare": spread([r["engine"] / r["bare"] for r in rounds]),
-                "engine / fit best": spread([r["engine"] / r["fit best"] for r in rounds]),
-                "engine / fit default": spread([r["engine"] / r["fit default"] for r in rounds]),
-                "resident / bare": spread([r["engine resident"] / r["bare"] for r in rounds]),
-                "resident / fit best": spread([r["engine resident"] / r["fit best"] for r in rounds]),
-                "fed / bare": spread([r["fed"] / r["bare"] for r in rounds]),
-                "guarded / engine": spread([r["engine guarded"] / r["engine"] for r in rounds])},
+        ratios={"engine / bare": measure.spread([r["engine"] / r["bare"] for r in rounds]),
+                "engine / fit best": measure.spread([r["engine"] / r["fit best"] for r in rounds]),
+                "engine / fit default": measure.spread([r["engine"] / r["fit default"] for r in rounds]),
+                "resident / bare": measure.spread([r["engine resident"] / r["bare"] for r in rounds]),
+                "resident / fit best": measure.spread([r["engine resident"] / r["fit best"] for r in rounds]),
+                "fed / bare": measure.spread([r["fed"] / r["bare"] for r in rounds]),
+                "guarded / engine": measure.spread([r["engine guarded"] / r["engine"] for r in rounds])},
     )
 
 

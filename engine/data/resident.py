@@ -69,7 +69,7 @@ class ResidentIterator:
         drawn = tf.cond(tf.equal(epoch, self.order_epoch), lambda: tf.constant(False), draw)
         with tf.control_dependencies([drawn]):
             start = (batch % data.steps_per_epoch) * data.global_batch
-            indices = tf.slice(self.order.read_value(), tf.reshape(tf.cast(start, tf.int32), [1]), [data.global_batch])
+            indices = tf.slice(self.order.read_value(), [tf.cast(start, tf.int32)], [data.global_batch])
         return batch, indices
 
     def replica_batch(self, reference):

@@ -71,9 +71,7 @@ def _default_schema(path: str, image_size: str = ""):
             image = tf.io.decode_image(value, channels=channels, expand_animations=False)
             return tf.ensure_shape(image_folders.to_float_image(image, size) if size else image, shape)
 
-        def to_features_batch(values):  # an image decoder takes one image: one call per record
-            return tf.map_fn(to_features, values, fn_output_signature=tf.TensorSpec(
-                shape, tf.float32 if size else tf.uint8))
+        to_features_batch = _one_by_one(to_features, shape, tf.float32 if size else tf.uint8)  # one image per call
     elif image_size:
         raise UserError(f"--image_size={image_size}: the records of {path} hold 'x' tensors, not encoded "
                         "images; drop --image_size")
@@ -109,7 +107,7 @@ def _serialized_tensors_decoder(path, first: bytes, proto, dtype, shape, to_feat
     parse_tensor per record where the bytes are not stored raw."""
     size = int(np.prod(shape, dtype=np.int64)) * dtype.size
     if not proto.tensor_content or dtype not in _RAW_DTYPES or len(first) <= size:
-        return lambda values: tf.map_fn(to_features, values, fn_output_signature=tf.TensorSpec(shape, dtype))
+        return _one_by_one(to_features, shape, dtype)
     header = first[:len(first) - size]
 
     def to_features_batch(values):
@@ -122,6 +120,11 @@ def _serialized_tensors_decoder(path, first: bytes, proto, dtype, shape, to_feat
         return tf.reshape(flat, [-1, *shape])
 
     return to_features_batch
+
+
+def _one_by_one(to_features, shape, dtype):
+    """A batch decoder that calls the one-record decoder `to_features` on each record."""
+    return lambda values: tf.map_fn(to_features, values, fn_output_signature=tf.TensorSpec(shape, dtype))
 
 
 # Dtypes whose serialized tensors hold their raw bytes (tensor_content), which decode_raw reads.
