@@ -1,8 +1,9 @@
 """The compiled inner loops: many `strategy.run` steps per tf.function call.
 
-Each step's metrics {name: (total, count)} are reduced across replicas with
-strategy.reduce(SUM) and summed over the steps of the loop. The step count is a tensor, so a
-loop of any length reuses one trace (no retracing between the loops of a run).
+Each step's metrics {name: (total, count)} are stacked into one vector on each replica, reduced
+across replicas with ONE strategy.reduce(SUM) per step and summed over the steps of the loop. The
+step count is a tensor, so a loop of any length reuses one trace (no retracing between the loops
+of a run).
 
 One training step, on each replica: the Task's train_step runs on each of the --grad_accum_steps
 micro-batches of the replica's share of the global batch (their gradients, handed over with
@@ -30,10 +31,6 @@ from engine.errors import UserError
 # Iterating a distributed dataset inside tf.function makes tf.data warn about options it cannot
 # see at trace time; the engine sets its options before distributing, so the warning is noise.
 warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
-
-
-def _zeros(names):
-    return {name: (tf.constant(0.0), tf.constant(0.0)) for name in names}
 
 
 def _check_names(outputs, names, step_name):
@@ -68,6 +65,8 @@ class _TrainStep:
                  keep_gradients: bool, models=None, strategy_name: str = ""):
         self.task, self.accum_steps = task, accum_steps
         self.update_summaries, self.keep_gradients = update_summaries, keep_gradients
+        # The stacked vector a step returns: these names' (total, count), in this order.
+        self.names = tuple(names) + (task.updater.summary_names if update_summaries else ())
         self._step = _float32_outputs(task.train_step, names, "train_step")
         # What the last trace of the Task's step handed over (Python, trace time). Shared by the
         # replica threads on purpose: with jit_compile one trace serves every replica; the handed
@@ -137,24 +136,27 @@ class _TrainStep:
             done = outcome.summaries if outcome is not None else {}
             outputs = dict(outputs, **{name: (done[name], tf.constant(1.0)) if name in done
                                        else (tf.constant(0.0), tf.constant(0.0)) for name in updater.summary_names})
+        stacked = _stacked(outputs, self.names)
         if outcome is None:
-            return outputs, tf.constant(False), tf.constant(True), []
+            return stacked, tf.constant(False), tf.constant(True), []
         kept = outcome.gradients if self.keep_gradients else []
-        return outputs, outcome.bad, outcome.applied, kept
+        return stacked, outcome.bad, outcome.applied, kept
 
 
-def _reduce(strategy, outputs):
-    """SUM over replicas of outputs, per metric and per (total, count) element."""
-
-    def reduce(value):
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
-
-    return {name: (reduce(total), reduce(count)) for name, (total, count) in outputs.items()}
+def _stacked(outputs, names) -> tf.Tensor:
+    """{name: (total, count)} -> one float32 vector [total, count, total, count, ...] in `names`' order."""
+    return tf.stack([value for name in names for value in outputs[name]])
 
 
-def _reduce_and_add(strategy, totals, outputs):
-    """totals + SUM over replicas of outputs."""
-    return _add(totals, _reduce(strategy, outputs))
+def _unstacked(vector, names) -> dict:
+    """The inverse of _stacked."""
+    return {name: (vector[2 * i], vector[2 * i + 1]) for i, name in enumerate(names)}
+
+
+def _reduce(strategy, stacked) -> tf.Tensor:
+    """SUM over replicas of a replica step's stacked (total, count) vector: ONE strategy.reduce
+    (one collective under multi-worker) per step, whatever the number of metrics."""
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, stacked, axis=None)
 
 
 def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: int = 1, jit_compile: bool = False,
@@ -183,7 +185,7 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
                               models=models, strategy_name=strategy_name)
 
     def train_loop(iterator, num_steps):
-        totals = _zeros(names)
+        totals = tf.zeros([2 * len(names)])
         steps = tf.constant(0, tf.int32)
         bad_steps = tf.constant(0, tf.int32)
         skipped_updates = tf.constant(0, tf.int32)
@@ -197,29 +199,32 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
             if fetched is not None:  # once the batch arrived (iterator and counter share no resource)
                 with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)[:1]):
                     fetched.assign_add(1)
-            outputs, bad, applied, kept = strategy.run(run_step, args=(batch,))
-            step_totals = _reduce(strategy, outputs)
+            stacked, bad, applied, kept = strategy.run(run_step, args=(batch,))
+            step_totals = _reduce(strategy, stacked)
             if gradients:
                 local = [strategy.experimental_local_results(g)[0] for g in kept]
                 if len(local) == len(last):
                     last = [tf.cast(g, tf.float32) for g in local]
             # Computed from summed values, so any local replica's copy is everyone's value. The
-            # update's summaries stay out of the check: `bad` already covers the gradients.
-            checked = {k: v for k, v in step_totals.items() if k not in summary_names}
+            # update's summaries (after the metrics in the vector) stay out of the check: `bad`
+            # already covers the gradients. A NaN/Inf anywhere makes the sum non-finite.
             good = tf.logical_and(tf.logical_not(strategy.experimental_local_results(bad)[0]),
-                                  update.all_finite(tf.nest.flatten(checked)))
+                                  tf.math.is_finite(tf.reduce_sum(step_totals[:2 * len(metric_names)])))
             if loss_upper_bound:
-                total, count = step_totals["loss"]
-                good = tf.logical_and(good, total <= loss_upper_bound * count)
-            if not skip_nonfinite and not good:
-                bad_steps = tf.constant(1, tf.int32)
-                break
-            # A bad step's (maybe NaN) metrics stay out of the totals.
-            totals = _add(totals, tf.nest.map_structure(lambda v: tf.where(good, v, 0.0), step_totals))
-            bad_steps += 1 - tf.cast(good, tf.int32)
+                loss = 2 * metric_names.index("loss")
+                good = tf.logical_and(good, step_totals[loss] <= loss_upper_bound * step_totals[loss + 1])
+            if skip_nonfinite:  # a bad step counts, but its (maybe NaN) metrics stay out of the totals
+                totals += tf.where(good, step_totals, 0.0)
+                bad_steps += 1 - tf.cast(good, tf.int32)
+            else:  # stop: the loop ends before a bad step counts
+                if not good:
+                    bad_steps = tf.constant(1, tf.int32)
+                    break
+                totals += step_totals
             skipped_updates += 1 - tf.cast(strategy.experimental_local_results(applied)[0], tf.int32)
             steps += 1
             global_step.assign_add(1)
+        totals = _unstacked(totals, names)
         result = {"totals": totals, "steps": steps, "bad_steps": bad_steps, "skipped_updates": skipped_updates}
         if gradients:
             result["gradients"] = last
@@ -249,19 +254,18 @@ def make_eval_loop(strategy, task, progress=None):
     names = tuple(task.eval_metrics)
     task_step = _float32_outputs(task.eval_step, names, "eval_step")
 
-    def replica_step(batch):
-        return task_step(batch), tf.cast(tf.shape(tf.nest.flatten(batch)[0])[0], tf.float32)
+    def replica_step(batch):  # the metrics' (total, count) then the batch's examples, one vector
+        examples = tf.cast(tf.shape(tf.nest.flatten(batch)[0])[0], tf.float32)
+        return tf.concat([_stacked(task_step(batch), names), [examples]], 0)
 
     @tf.function
     def eval_loop(distributed_dataset):
-        totals, examples = _zeros(names), tf.constant(0.0)
+        totals = tf.zeros([2 * len(names) + 1])
         for batch in distributed_dataset:
-            outputs, count = strategy.run(replica_step, args=(batch,))
-            totals = _reduce_and_add(strategy, totals, outputs)
-            examples += strategy.reduce(tf.distribute.ReduceOp.SUM, count, axis=None)
+            totals += _reduce(strategy, strategy.run(replica_step, args=(batch,)))
             if progress is not None:
                 progress.assign_add(1)
-        return {"totals": totals, "examples": examples}
+        return {"totals": _unstacked(totals[:-1], names), "examples": totals[-1]}
 
     return eval_loop
 
