@@ -14,10 +14,11 @@ on in-memory data, one replica, float32, global batch as in WORKLOADS:
     constant batch, many steps per tf.function call: no input pipeline, strategy or metrics. The
     engine's ceiling.
   * the same step fed by the engine's input pipeline: what the input costs.
-  * the engine: `train()` with the run's defaults (metrics, grad norm, finite check, summaries);
-    its own throughput, first (tracing) loop excluded. And the engine with --input_mode=resident
-    (the arrays in device memory, no tf.data), and with --on_nonfinite=skip, whose update waits for
-    the finite check (what a guarded update costs).
+  * the engine: `train()` with the run's defaults (metrics, grad norm, finite check, summaries,
+    the arrays resident in device memory: --input_mode=auto); its own throughput, host work between
+    loops included, first (tracing) loop excluded. And the engine fed by its tf.data pipeline
+    (--input_mode=distribute_dataset), and with --on_nonfinite=skip, whose update waits for the
+    finite check (what a guarded update costs).
   * `model.fit` on the same model, loss, optimizer and tf.data pipeline, at steps_per_execution 1
     (its default) and at the best of 1/10/100.
   Each round times every one of these once, in the same order (ROUND), so a burst of background
@@ -158,7 +159,7 @@ def fit_rate(config, task_class, data, steps_per_execution, steps, epochs) -> fl
 
 
 # The measurements of one round, in the order they run; every round runs each once.
-ROUND = ("bare", "fed", "engine", "engine resident", "engine guarded", "fit best", "fit default")
+ROUND = ("bare", "fed", "engine", "engine pipeline", "engine guarded", "fit best", "fit default")
 
 
 def measure_model(name: str, workdir: str, quick: bool) -> dict:
@@ -200,7 +201,7 @@ def measure_model(name: str, workdir: str, quick: bool) -> dict:
     rounds = []
     for i in range(1 if quick else 3):
         measured = {"bare": batch / time_bare(), "fed": batch / time_fed(), "engine": engine_rate(),
-                    "engine resident": engine_rate(input_mode="resident"),
+                    "engine pipeline": engine_rate(input_mode="distribute_dataset"),
                     "engine guarded": engine_rate(on_nonfinite="skip")}
         if i == 0:
             measured["fit best"], measured["fit default"] = sweep[best_spe], sweep[1]
@@ -217,8 +218,8 @@ def measure_model(name: str, workdir: str, quick: bool) -> dict:
         ratios={"engine / bare": measure.spread([r["engine"] / r["bare"] for r in rounds]),
                 "engine / fit best": measure.spread([r["engine"] / r["fit best"] for r in rounds]),
                 "engine / fit default": measure.spread([r["engine"] / r["fit default"] for r in rounds]),
-                "resident / bare": measure.spread([r["engine resident"] / r["bare"] for r in rounds]),
-                "resident / fit best": measure.spread([r["engine resident"] / r["fit best"] for r in rounds]),
+                "pipeline / bare": measure.spread([r["engine pipeline"] / r["bare"] for r in rounds]),
+                "pipeline / fit best": measure.spread([r["engine pipeline"] / r["fit best"] for r in rounds]),
                 "fed / bare": measure.spread([r["fed"] / r["bare"] for r in rounds]),
                 "guarded / engine": measure.spread([r["engine guarded"] / r["engine"] for r in rounds])},
     )
@@ -254,8 +255,9 @@ def print_tables(report: dict) -> None:
     results, peak = report["results"], report["peak"]
     print("\n1. engine against its ceiling and against model.fit (targets: engine / bare >= 0.90, >= 0.95 "
           "where the bare step is over 5 ms; engine / fit best >= 1.0)")
-    print("   bare: the compiled step on one constant batch; + input: fed by the engine's pipeline; resident: "
-          "--input_mode=resident; guarded: --on_nonfinite=skip (the update waits for the finite check)\n")
+    print("   bare: the compiled step on one constant batch; + input: fed by the engine's tf.data pipeline; "
+          "engine: its defaults (arrays resident); pipeline: --input_mode=distribute_dataset; guarded: "
+          "--on_nonfinite=skip (the update waits for the finite check)\n")
     print(models_table.engine_table(report))
     print("   (engine --steps_per_loop per model: " + ", ".join(f"{r['model']} {r['steps_per_loop']}" for r in results)
           + "; every round's figures: --json)")

@@ -9,12 +9,24 @@ from typing import Optional
 # The names the engine accepts, in one place (no TensorFlow import: flags/ uses them for --help).
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored")
 DATASETS = ("mnist", "fashion_mnist", "synthetic")  # built-in names; also npz:PATH, tfrecord:GLOB[,GLOB], images:DIR, tfds:NAME[:CONFIG], text:PATH
-INPUT_MODES = ("distribute_dataset", "per_worker", "resident")
+INPUT_MODES = ("auto", "distribute_dataset", "per_worker", "resident")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 LR_SCHEDULES = ("constant", "cosine", "warmup_cosine")
 MODES = ("train", "eval", "continuous_eval")
 # --best_metric without a sign: the direction of the known metric names (+: higher is better).
 METRIC_DIRECTIONS = {"accuracy": "+", "loss": "-"}
+
+def resolved_input_mode(config, source, augmented: bool) -> str:
+    """The input mode a run uses: "streamed" for sources read from files (always one pipeline per
+    worker), else --input_mode, auto being resident (in-memory arrays are at most 1 GiB:
+    engine/data/arrays.py; no tf.data work per step) unless the Task augments each example
+    (`augmented`): then distribute_dataset, whose parallel, prefetched pipeline augments beside the
+    step instead of inside it."""
+    if source.streamed:
+        return "streamed"
+    if config.input_mode == "auto":
+        return "distribute_dataset" if augmented else "resident"
+    return config.input_mode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +44,7 @@ class Config:
     num_workers: int = 0  # > 0 without TF_CONFIG: start that many local workers.
     max_restarts: int = 0  # --num_workers launcher: restarts of the whole cluster after a retryable failure.
     stall_timeout: float = 600.0  # seconds without a completed step before a worker exits "stalled"; 0: off.
-    input_mode: str = "distribute_dataset"  # or "per_worker"
+    input_mode: str = "auto"  # in-memory sources: resident (distribute_dataset if the Task augments); or per_worker
     # Data.
     dataset: str = "synthetic"
     data_dir: Optional[str] = None

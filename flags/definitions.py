@@ -119,8 +119,9 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "exits 151 (stalled). Must exceed the longest loop (--steps_per_loop steps); 0: off.",
         lower_bound=0.0, **f)
     absl_flags.DEFINE_enum(
-        "input_mode", "distribute_dataset", INPUT_MODES,
-        "How training data reaches the replicas: distribute_dataset (one pipeline of global "
+        "input_mode", "auto", INPUT_MODES,
+        "How an in-memory source's training data reaches the replicas (streamed sources always build "
+        "one pipeline per worker): auto (resident, or distribute_dataset when the Task augments each example), distribute_dataset (one pipeline of global "
         "batches, split by strategy.experimental_distribute_dataset), per_worker (each worker "
         "builds its own pipeline of per-replica batches, strategy.distribute_datasets_from_function) "
         "or resident (in-memory sources only: the training arrays in every replica's device memory, "

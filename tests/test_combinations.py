@@ -54,7 +54,7 @@ FEATURES = (
     ("xla", {"nojit": ("--nojit_compile",), "jit": ("--jit_compile",)}),
     ("summaries", {"basic": ("--summaries=basic",), "full": ("--summaries=full", "--histogram_every=2")}),
     ("best", {"last": (), "best_accuracy": ("--best_metric=accuracy",)}),
-    ("input", {"pipeline": (), "resident": ("--input_mode=resident",)}),
+    ("input", {"auto": (), "pipeline": ("--input_mode=distribute_dataset",), "resident": ("--input_mode=resident",)}),
 )
 SHORT_RUN = ("--dataset=synthetic", "--synthetic_train_examples=64", "--synthetic_test_examples=32",
              "--global_batch=16", "--train_steps=2", "--steps_per_loop=2", "--seed=1", "--noexport")

@@ -15,6 +15,7 @@ import time
 import tensorflow as tf
 
 from engine import __version__
+from engine.config import resolved_input_mode
 from engine.data import pipelines
 from engine.observe import report
 from engine.controller import job, run_record
@@ -113,7 +114,8 @@ def _setup(config, out):
     start_step = state.step
     for action in actions:
         action.resume_at(start_step)
-    report.banner(config, placement, data, per_replica, schedule, task.seed, task.model, start_step, out)
+    input_mode = resolved_input_mode(config, data, augmented=task.example_augmentation(task.seed) is not None)
+    report.banner(config, placement, data, per_replica, schedule, task.seed, task.model, start_step, out, input_mode)
     run_facts = {"engine_version": __version__, "replicas": placement.num_replicas, "effective_seed": task.seed}
     if data.spec.class_names:
         run_facts["class_names"] = list(data.spec.class_names)  # label i is class_names[i]
@@ -325,9 +327,6 @@ class _Run:
         self.step = step = step + num_steps
         if first_call:
             self.first_loop_seconds = time.perf_counter() - self.started
-        else:  # the first loop includes tracing; leave it out of the throughput
-            self.trained_examples += num_steps * config.global_batch
-            self.training_seconds += seconds
         examples_per_sec = num_steps * config.global_batch / seconds
         self.writers["train"].write_scalars(step, {
             **self.train_metrics,
@@ -340,6 +339,11 @@ class _Run:
         self.monitor.after_loop(step, first_call)
         self.last_result = result
         self.progress.update(step, self.train_metrics, examples_per_sec)
+        if not first_call:  # the first loop includes tracing: left out of the run's throughput
+            # The loop and the host work after it (metrics, scalars, progress); checkpoints,
+            # evaluations and actions are not training.
+            self.trained_examples += num_steps * config.global_batch
+            self.training_seconds += time.perf_counter() - loop_start
         if schedule.checkpoint_due(step):  # before the actions and the evaluation: they cannot lose it
             self.save()
             self.writers["train"].flush()

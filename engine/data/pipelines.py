@@ -4,6 +4,9 @@ In-memory sources (engine/data/arrays.py) go through `--input_mode`: one pipelin
 batches split by `strategy.experimental_distribute_dataset`, per-worker pipelines
 (`distribute_datasets_from_function`) that keep each worker's slice of the same global batches, or
 no pipeline: the arrays in every replica's memory, gathered inside the loop (engine/data/resident.py).
+The default, auto, is resident (no tf.data work per step: faster where a step is short,
+docs/performance.md), or distribute_dataset when the Task augments each example (the pipeline's
+parallel map augments beside the step).
 Streamed sources (engine/data/streams.py) always build one pipeline per worker with
 `distribute_datasets_from_function`, sharded by file or by record.
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from engine.config import INPUT_MODES
+from engine.config import INPUT_MODES, resolved_input_mode
 from engine.data import resident
 from engine.errors import UserError
 
@@ -52,15 +55,16 @@ def distributed_train_data(strategy, source, config, seed: int, skip_batches: in
     """The endless training stream split across replicas. `augment`: the Task's per-example
     augmentation (`Task.example_augmentation(seed)`), or None."""
     _device_datasets_without_autotune()
-    if source.streamed:
+    mode = resolved_input_mode(config, source, augmented=augment is not None)
+    if mode == "streamed":
         return strategy.distribute_datasets_from_function(
             source.train_dataset_fn(config.global_batch, seed, skip_batches, augment))
-    if config.input_mode == "resident":
+    if mode == "resident":
         return resident.ResidentTrainData(strategy, source, config.global_batch, seed, skip_batches, augment)
-    if config.input_mode == "per_worker":
+    if mode == "per_worker":
         return strategy.distribute_datasets_from_function(
             source.per_worker_train_dataset_fn(config.global_batch, seed, skip_batches, augment))
-    if config.input_mode != "distribute_dataset":
+    if mode != "distribute_dataset":
         raise UserError(f"unknown --input_mode={config.input_mode!r}; valid: {', '.join(INPUT_MODES)}")
     return strategy.experimental_distribute_dataset(
         source.train_dataset(config.global_batch, seed, skip_batches, augment))

@@ -8,7 +8,7 @@ import os
 from engine.observe.progress import format_duration
 
 
-def banner(config, placement, data, per_replica, schedule, seed, model, start_step, out):
+def banner(config, placement, data, per_replica, schedule, seed, model, start_step, out, input_mode):
     lines = [
         f"strategy     {placement.name}: {placement.num_replicas} replica(s) in sync, this process on "
         f"{', '.join(placement.devices)}",
@@ -23,9 +23,9 @@ def banner(config, placement, data, per_replica, schedule, seed, model, start_st
         + (f", learning rate {config.lr_schedule}" if config.lr_schedule != "constant" else ""),
         f"data         {data.name}: {data.num_train} train / {data.num_test} test, "
         f"{data.spec.describe()}, from {data.where}",
-        f"input        {data.sharding(placement.num_workers)}",
-        f"model        {_model_name(config, model)} ({model.count_params():,} parameters), task {config.task}, "
-        f"input {config.input_mode}",
+        f"input        {data.sharding(placement.num_workers)}"
+        + ("" if input_mode == "streamed" else f"; --input_mode {input_mode}"),
+        f"model        {_model_name(config, model)} ({model.count_params():,} parameters), task {config.task}",
         f"schedule     {schedule.total_steps} steps ({schedule.total_steps / schedule.steps_per_epoch:.2f} "
         f"epochs of {schedule.steps_per_epoch}), {schedule.steps_per_loop} steps per compiled loop, "
         f"eval every {schedule.eval_interval or 'never (not in training)'}, checkpoint every {schedule.checkpoint_interval}",
