@@ -48,3 +48,22 @@ def test_resident_resumes_exactly(tmp_path):
 def test_a_streamed_source_is_refused(tmp_path):
     with pytest.raises(UserError, match=r"--input_mode=resident .* is streamed from files"):
         train(small_config(tmp_path / "run", dataset=id_shards(tmp_path / "data"), input_mode="resident"), **QUIET)
+
+
+def test_auto_is_resident_unless_the_task_augments_each_example(tmp_path):
+    from engine.config import Config, resolved_input_mode
+    from engine.data import sources
+
+    arrays = sources.load(Config(dataset="synthetic", synthetic_train_examples=64, synthetic_test_examples=32))
+    streamed = sources.load(Config(dataset=id_shards(tmp_path / "data")))
+    auto = Config()
+    assert auto.input_mode == "auto"
+    assert resolved_input_mode(auto, arrays, augmented=False) == "resident"
+    assert resolved_input_mode(auto, arrays, augmented=True) == "distribute_dataset"  # augments beside the step
+    assert resolved_input_mode(auto, streamed, augmented=False) == "streamed"
+    assert resolved_input_mode(auto.replace(input_mode="per_worker"), arrays, augmented=False) == "per_worker"
+    # What a run prints: the mode it used.
+    out = open(tmp_path / "out.txt", "w+")
+    train(small_config(tmp_path / "run", train_steps=2, steps_per_loop=2, eval_every=-1), out=out)
+    out.seek(0)
+    assert "; --input_mode resident" in next(line for line in out if line.startswith("input "))
