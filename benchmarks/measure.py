@@ -6,6 +6,7 @@ Import TensorFlow's device set-up (e.g. logical CPU replicas) before this module
 
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import statistics
@@ -74,6 +75,7 @@ def call_timer(body, calls: int = 50):
     loop(tf.constant(min(3, calls))).numpy()
 
     def time_once() -> float:
+        gc.collect()  # an earlier measurement's garbage is not this one's time
         start = time.perf_counter()
         loop(tf.constant(calls)).numpy()
         return (time.perf_counter() - start) / calls

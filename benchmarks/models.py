@@ -174,11 +174,13 @@ def measure_model(name: str, workdir: str, quick: bool) -> dict:
     step = tf.function(lambda x, y: bare_step(task, model, optimizer, x, y))
     flops = measure.graph_flops(step, features, labels)
     rough = measure.seconds_per_call(lambda: step(features, labels), calls=3, timings=1)
-    calls = int(min(100, max(5, (1.0 if quick else 3.0) / rough)))
-    time_bare = measure.call_timer(lambda: step(features, labels), calls)
+    # Each timing is one compiled loop of about 3 s (1 s quick): long enough that the call's own
+    # cost and a stray pause (garbage collection of an earlier run's graphs) stay below 1 %.
+    calls = max(5, round((1.0 if quick else 3.0) / rough))
+    time_bare = measure.call_timer(lambda: bare_step(task, model, optimizer, features, labels), calls)
     # The same step fed by the engine's input pipeline (next() inside the compiled loop).
     iterator = iter(data.train_dataset(batch, seed=1))
-    time_fed = measure.call_timer(lambda: step(*next(iterator)), calls)
+    time_fed = measure.call_timer(lambda: bare_step(task, model, optimizer, *next(iterator)), calls)
     parameters = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     gradient_bytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in model.trainable_variables)
 

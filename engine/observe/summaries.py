@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 
+import numpy as np
 import tensorflow as tf
 
 from engine.observe import figures, hparams
@@ -33,11 +34,23 @@ class SummaryWriter:
     def __init__(self, logdir: str | None):
         self.logdir = logdir
         self._writer = tf.summary.create_file_writer(logdir) if logdir else None
+        # {names: None (written once, eagerly) or a compiled writer of those names}
+        self._scalar_writers = {}
 
     @_writes
     def write_scalars(self, step: int, scalars: dict) -> None:
-        for name, value in scalars.items():
-            tf.summary.scalar(name, value)
+        """The second time the same names are written (every loop's scalars), they are written by
+        one compiled call (about 0.2 ms) instead of an eager op chain per scalar (about 0.3 ms each)."""
+        names = tuple(scalars)
+        if names not in self._scalar_writers:
+            self._scalar_writers[names] = None
+            for name, value in scalars.items():
+                tf.summary.scalar(name, value)
+            return
+        if self._scalar_writers[names] is None:
+            self._scalar_writers[names] = tf.function(functools.partial(_write_scalars, self._writer, names))
+        values = np.array([float(value) for value in scalars.values()], np.float32)
+        self._scalar_writers[names](tf.constant(step, tf.int64), tf.constant(values))
 
     @_writes
     def write_text(self, step: int, name: str, text: str) -> None:
@@ -85,6 +98,12 @@ class SummaryWriter:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+def _write_scalars(writer, names, step, values):
+    with writer.as_default(step=step):
+        for i, name in enumerate(names):
+            tf.summary.scalar(name, values[i])
 
 
 def create_writers(model_dir: str, is_chief: bool, splits=("train", "eval")) -> dict:
