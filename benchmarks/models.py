@@ -29,7 +29,7 @@ on in-memory data, one replica, float32, global batch as in WORKLOADS:
     achieved FLOP/s against the device's float32 matmul peak.
   * the peak RSS of a whole `python run.py` process training the model (a user's figure).
 And from the parameter count and the measured step time: the bytes all-reduced per step and the
-predicted scaling efficiency at stated link bandwidths (AT_SCALE_LINKS; docs/performance.md "At scale").
+predicted scaling efficiency at stated link bandwidths (models_table.AT_SCALE_LINKS; docs/performance.md "At scale").
 """
 
 from __future__ import annotations
@@ -80,25 +80,6 @@ WORKLOADS = {
                                "byte Transformer, 128 tokens per example, 1 MB of text"),
 }
 
-# Links of the "At scale" prediction: (name, GPUs per host, hosts, intra-host all-reduce bus
-# bandwidth in bytes/s, per-hop latency inside a host in s, per-host network bandwidth in bytes/s,
-# per-hop latency between hosts in s).
-AT_SCALE_LINKS = (
-    ("8 GPUs, 1 host (NVLink, 200 GB/s)", 8, 1, 200e9, 5e-6, None, None),
-    ("4 hosts x 8 GPUs (100 Gb/s per host)", 8, 4, 200e9, 5e-6, 12.5e9, 20e-6),
-    ("4 hosts x 8 GPUs (8 x 200 Gb/s per host)", 8, 4, 200e9, 5e-6, 200e9, 20e-6),
-)
-
-
-def allreduce_seconds(size_bytes: float, gpus: int, hosts: int, intra_bw, intra_latency, host_bw, host_latency):
-    """Ring (per host) + ring (across hosts) all-reduce, the alpha-beta model:
-    t = 2 (g - 1) (a_in + S / (g B_in)) + 2 (h - 1) (a_net + S / (h B_net))
-    with S the gradient bytes, g GPUs per host, h hosts, B_in the intra-host bus bandwidth, B_net the
-    host's network bandwidth (the 8 GPUs' inter-host rings share it), a the per-hop latencies."""
-    seconds = 2 * (gpus - 1) * (intra_latency + size_bytes / (gpus * intra_bw))
-    if hosts > 1:
-        seconds += 2 * (hosts - 1) * (host_latency + size_bytes / (hosts * host_bw))
-    return seconds
 
 
 def config_for(name: str, workdir: str, **changes) -> Config:
@@ -273,20 +254,9 @@ def print_tables(report: dict) -> None:
               f"{achieved / 1e9:>14,.1f} {achieved / peak:>7.1%} {r['medians']['bare'] * r['flops_per_example'] / peak:>12.1%} "
               f"{r['peak_rss'] / 2**20:>6,.0f} MiB")
 
-    print("\n3. at scale, on paper: gradient bytes all-reduced per step, the step time measured here "
-          "(per replica, whole batch), predicted efficiency t_step / (t_step + t_allreduce)")
-    print("   t_allreduce = 2(g-1)(a_in + S/(g B_in)) + 2(h-1)(a_net + S/(h B_net)); links: "
-          + "; ".join(link[0] for link in AT_SCALE_LINKS) + "; a_in 5 us, a_net 20 us")
-    header = "".join(f" {link[0][:24]:>24s}" for link in AT_SCALE_LINKS)
-    print(f"   {'model':15s} {'MB/step':>8s} {'step ms':>8s}{header}")
-    for r in results:
-        step_seconds = r["batch"] / r["medians"]["engine"]
-        cells = []
-        for _, g, h, b_in, a_in, b_net, a_net in AT_SCALE_LINKS:
-            t = allreduce_seconds(r["gradient_bytes"], g, h, b_in, a_in, b_net, a_net)
-            cells.append(f"{step_seconds / (step_seconds + t):6.1%} (90% at {9 * t * 1e3:5.2f} ms)")
-        print(f"   {r['model']:15s} {r['gradient_bytes'] / 1e6:>8.2f} {step_seconds * 1e3:>8.1f}"
-              + "".join(f" {c:>24s}" for c in cells))
+    print("\n3. at scale, on paper: predicted efficiency t_step / (t_step + t_allreduce) with the step time "
+          "measured here (per replica, whole batch); links and formula: benchmarks/models_table.py\n")
+    print(models_table.at_scale_table(report))
 
 
 def main() -> None:

@@ -3,8 +3,9 @@
     python -m benchmarks.models --json=benchmarks/results/models_cpu.json   # measure (~25 min, 2 cores)
     python -m benchmarks.models_table benchmarks/results/models_cpu.json    # rewrite the docs' table
 
-The table sits in docs/performance.md between the BEGIN/END markers below; tests/test_docs.py
-checks that it is the rendering of the committed JSON.
+The tables sit in docs/performance.md between the BEGIN/END markers below; tests/test_docs.py
+checks that they are the rendering of the committed JSON. The at-scale prediction's links and its
+all-reduce model (AT_SCALE_LINKS, allreduce_seconds) live here too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,29 @@ import os
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "performance.md")
 BEGIN = "<!-- BEGIN models table: python -m benchmarks.models_table FILE.json -->"
 END = "<!-- END models table -->"
+AT_SCALE_BEGIN = "<!-- BEGIN at-scale table: python -m benchmarks.models_table FILE.json -->"
+AT_SCALE_END = "<!-- END at-scale table -->"
 NAMES = {"language_model": "language model"}
+
+# Links of the "At scale" prediction: (name, GPUs per host, hosts, intra-host all-reduce bus
+# bandwidth in bytes/s, per-hop latency inside a host in s, per-host network bandwidth in bytes/s,
+# per-hop latency between hosts in s).
+AT_SCALE_LINKS = (
+    ("8 GPUs, 1 host (NVLink, 200 GB/s)", 8, 1, 200e9, 5e-6, None, None),
+    ("4 hosts x 8 GPUs (100 Gb/s per host)", 8, 4, 200e9, 5e-6, 12.5e9, 20e-6),
+    ("4 hosts x 8 GPUs (8 x 200 Gb/s per host)", 8, 4, 200e9, 5e-6, 200e9, 20e-6),
+)
+
+
+def allreduce_seconds(size_bytes: float, gpus: int, hosts: int, intra_bw, intra_latency, host_bw, host_latency):
+    """Ring (per host) + ring (across hosts) all-reduce, the alpha-beta model:
+    t = 2 (g - 1) (a_in + S / (g B_in)) + 2 (h - 1) (a_net + S / (h B_net))
+    with S the gradient bytes, g GPUs per host, h hosts, B_in the intra-host bus bandwidth, B_net the
+    host's network bandwidth (the 8 GPUs' inter-host rings share it), a the per-hop latencies."""
+    seconds = 2 * (gpus - 1) * (intra_latency + size_bytes / (gpus * intra_bw))
+    if hosts > 1:
+        seconds += 2 * (hosts - 1) * (host_latency + size_bytes / (hosts * host_bw))
+    return seconds
 
 
 def rate(value: float) -> str:
@@ -61,17 +84,40 @@ def flops_table(report: dict) -> str:
     return "\n".join(rows)
 
 
+def at_scale_table(report: dict) -> str:
+    """Each model's gradient bytes, its step time measured by the engine here, and the predicted
+    efficiency t_step / (t_step + t_allreduce) on each of AT_SCALE_LINKS, with the step time at
+    which the all-reduce takes 10 % (9 x t_allreduce)."""
+    short = ("8 GPUs, 1 host", "4 x 8, 100 Gb/s", "4 x 8, 8 x 200 Gb/s")
+    rows = ["| model | MB all-reduced / step | step here (whole batch) | " + " | ".join(short)
+            + " | step needed for 90 % (" + " / ".join(short) + ") |",
+            "|---|---|---|" + "---|" * len(short) + "---|"]
+    for r in report["results"]:
+        step = r["batch"] / r["medians"]["engine"]
+        allreduce = [allreduce_seconds(r["gradient_bytes"], *link[1:]) for link in AT_SCALE_LINKS]
+        rows.append(f"| `{NAMES.get(r['model'], r['model'])}` | {r['gradient_bytes'] / 1e6:.2f} | {step * 1e3:.1f} ms | "
+                    + " | ".join(f"{step / (step + t):.1%}" for t in allreduce)
+                    + " | " + " / ".join(f"{9 * t * 1e3:.2f}" for t in allreduce) + " ms |")
+    return "\n".join(rows)
+
+
 def tables(report: dict) -> str:
-    """The docs' block: both tables."""
+    """The docs' models block: both tables."""
     return engine_table(report) + "\n\n" + flops_table(report)
 
 
-def replace_block(text: str, block: str) -> str:
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{DOC}: the markers {BEGIN!r} and {END!r} are missing")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{block}\n{END}{tail}"
+def replace_block(text: str, block: str, begin: str = BEGIN, end: str = END) -> str:
+    if begin not in text or end not in text:
+        raise SystemExit(f"{DOC}: the markers {begin!r} and {end!r} are missing")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{block}\n{end}{tail}"
+
+
+def rendered(text: str, report: dict) -> str:
+    """The page with both generated blocks rewritten from `report`."""
+    text = replace_block(text, tables(report))
+    return replace_block(text, at_scale_table(report), AT_SCALE_BEGIN, AT_SCALE_END)
 
 
 def main() -> None:
@@ -79,12 +125,12 @@ def main() -> None:
     parser.add_argument("json_file", help="the output of python -m benchmarks.models --json=FILE")
     args = parser.parse_args()
     with open(args.json_file) as f:
-        block = tables(json.load(f))
+        report = json.load(f)
     with open(DOC) as f:
         text = f.read()
     with open(DOC, "w") as f:
-        f.write(replace_block(text, block))
-    print(f"{DOC}: the models table rewritten from {args.json_file}")
+        f.write(rendered(text, report))
+    print(f"{DOC}: the models and at-scale tables rewritten from {args.json_file}")
 
 
 if __name__ == "__main__":

@@ -47,18 +47,20 @@ def test_flags_reference_changes_with_a_help_text(monkeypatch):
     assert page != _read("docs/flags.md") and "CHANGED" in page
 
 
-def test_performance_table_is_generated_from_the_committed_benchmark_json():
-    """docs/performance.md's models table is the rendering of benchmarks/results/models_cpu.json,
-    and a changed figure in the JSON gives another table (so an edit by hand fails here)."""
+def test_performance_tables_are_generated_from_the_committed_benchmark_json():
+    """docs/performance.md's models and at-scale tables are the rendering of
+    benchmarks/results/models_cpu.json, and a changed figure in the JSON gives other tables (so an
+    edit by hand fails here)."""
     with open(os.path.join(REPO, "benchmarks", "results", "models_cpu.json")) as f:
         report = json.load(f)
     page = _read("docs/performance.md")
-    block = models_table.tables(report)
-    assert models_table.replace_block(page, block) == page, (
-        "docs/performance.md's models table is stale: run `python -m benchmarks.models_table "
+    assert models_table.rendered(page, report) == page, (
+        "docs/performance.md's benchmark tables are stale: run `python -m benchmarks.models_table "
         "benchmarks/results/models_cpu.json`")
     report["results"][0]["medians"]["engine"] *= 2
-    assert models_table.tables(report) != block
+    changed = models_table.rendered(page, report)
+    assert changed != page
+    assert models_table.at_scale_table(report) in changed and models_table.tables(report) in changed
 
 
 def test_every_config_field_is_a_flag_and_every_flag_a_field():
