@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -57,7 +58,9 @@ import tensorflow as tf  # noqa: E402
 from benchmarks import measure, models_table  # noqa: E402
 from engine.config import Config  # noqa: E402
 from engine.controller import job  # noqa: E402
+from engine.controller.state import create_state  # noqa: E402
 from engine.controller.trainer import train  # noqa: E402
+from engine.loop import make_train_loop  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT_FILE = "text.txt"  # the language model's data, written into the work directory
@@ -129,6 +132,39 @@ def fresh_task(config, task_class, data):
     return task, task.build_model(), task.build_optimizer()
 
 
+class _ConstantBatch:
+    """An iterator the compiled loop reads at trace time: every step gets the same batch."""
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    def __next__(self):
+        return self.batch
+
+
+def engine_loop_timer(config, task_class, data, batch, steps: int):
+    """Seconds per step of the engine's compiled training loop (the Task's train_step, the update
+    with its finite check and gradient norm, the metrics' reduction, the step counter) on one
+    constant batch, as train() builds it: the engine without its input, against the bare step."""
+    strategy = tf.distribute.get_strategy()
+    task = task_class(config, spec=data.spec)
+    task.total_steps = 10**6
+    state = create_state(strategy, task, seed=1, model_dir=tempfile.mkdtemp(prefix="loop_", dir=config.model_dir),
+                         is_chief=True, keep=1)
+    loop = make_train_loop(strategy, task, state.global_step, update_summaries=config.summaries == "full",
+                           gradients=config.histogram_every > 0)
+    iterator = _ConstantBatch(batch)
+    loop(iterator, tf.constant(min(3, steps)))["steps"].numpy()
+
+    def time_once() -> float:
+        gc.collect()
+        start = time.perf_counter()
+        loop(iterator, tf.constant(steps))["steps"].numpy()
+        return (time.perf_counter() - start) / steps
+
+    return time_once
+
+
 def fit_rate(config, task_class, data, steps_per_execution, steps, epochs) -> float:
     task, model, optimizer = fresh_task(config, task_class, data)
     sequences = data.spec.labels.shape.rank > 0  # per-token targets: padding (-1) is ignored, as the task does
@@ -140,7 +176,7 @@ def fit_rate(config, task_class, data, steps_per_execution, steps, epochs) -> fl
 
 
 # The measurements of one round, in the order they run; every round runs each once.
-ROUND = ("bare", "fed", "engine", "engine pipeline", "engine guarded", "fit best", "fit default")
+ROUND = ("bare", "fed", "engine loop", "engine", "engine pipeline", "engine guarded", "fit best", "fit default")
 
 
 def measure_model(name: str, workdir: str, quick: bool) -> dict:
@@ -162,6 +198,7 @@ def measure_model(name: str, workdir: str, quick: bool) -> dict:
     # The same step fed by the engine's input pipeline (next() inside the compiled loop).
     iterator = iter(data.train_dataset(batch, seed=1))
     time_fed = measure.call_timer(lambda: bare_step(task, model, optimizer, *next(iterator)), calls)
+    time_loop = engine_loop_timer(config, task_class, data, (features, labels), calls)
     parameters = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     gradient_bytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in model.trainable_variables)
 
@@ -183,7 +220,8 @@ def measure_model(name: str, workdir: str, quick: bool) -> dict:
     best_spe = max(sweep, key=sweep.get)
     rounds = []
     for i in range(1 if quick else 3):
-        measured = {"bare": batch / time_bare(), "fed": batch / time_fed(), "engine": engine_rate(),
+        measured = {"bare": batch / time_bare(), "fed": batch / time_fed(), "engine loop": batch / time_loop(),
+                    "engine": engine_rate(),
                     "engine pipeline": engine_rate(input_mode="distribute_dataset"),
                     "engine guarded": engine_rate(on_nonfinite="skip")}
         if i == 0:
@@ -204,6 +242,7 @@ def measure_model(name: str, workdir: str, quick: bool) -> dict:
                 "pipeline / bare": measure.spread([r["engine pipeline"] / r["bare"] for r in rounds]),
                 "pipeline / fit best": measure.spread([r["engine pipeline"] / r["fit best"] for r in rounds]),
                 "fed / bare": measure.spread([r["fed"] / r["bare"] for r in rounds]),
+                "loop / bare": measure.spread([r["engine loop"] / r["bare"] for r in rounds]),
                 "guarded / engine": measure.spread([r["engine guarded"] / r["engine"] for r in rounds])},
     )
 
@@ -239,6 +278,7 @@ def print_tables(report: dict) -> None:
     print("\n1. engine against its ceiling and against model.fit (targets: engine / bare >= 0.90, >= 0.95 "
           "where the bare step is over 5 ms; engine / fit best >= 1.0)")
     print("   bare: the compiled step on one constant batch; + input: fed by the engine's tf.data pipeline; "
+          "engine loop, no input: the engine's compiled loop on the bare step's constant batch; "
           "engine: its defaults (arrays resident); pipeline: --input_mode=distribute_dataset; guarded: "
           "--on_nonfinite=skip (the update waits for the finite check)\n")
     print(models_table.engine_table(report))
