@@ -194,11 +194,19 @@ def measure_model(name: str, workdir: str, quick: bool) -> dict:
     # Each timing is one compiled loop of about 3 s (1 s quick): long enough that the call's own
     # cost and a stray pause (garbage collection of an earlier run's graphs) stay below 1 %.
     calls = max(5, round((1.0 if quick else 3.0) / rough))
-    time_bare = measure.call_timer(lambda: bare_step(task, model, optimizer, features, labels), calls)
-    # The same step fed by the engine's input pipeline (next() inside the compiled loop).
-    iterator = iter(data.train_dataset(batch, seed=1))
-    time_fed = measure.call_timer(lambda: bare_step(task, model, optimizer, *next(iterator)), calls)
-    time_loop = engine_loop_timer(config, task_class, data, (features, labels), calls)
+
+    def step_timers() -> dict:
+        """The bare step, the same step fed by the engine's input pipeline (next() inside the
+        compiled loop) and the engine's loop on the constant batch, on a fresh model, optimizer
+        and traces, as every engine and fit run is: one compiled loop kept for the whole process
+        drifted by up to 30 % from round to round while fresh runs did not (docs/performance.md)."""
+        task, model, optimizer = fresh_task(config, task_class, data)
+        optimizer.build(model.trainable_variables)
+        iterator = iter(data.train_dataset(batch, seed=1))
+        return {"bare": measure.call_timer(lambda: bare_step(task, model, optimizer, features, labels), calls),
+                "fed": measure.call_timer(lambda: bare_step(task, model, optimizer, *next(iterator)), calls),
+                "engine loop": engine_loop_timer(config, task_class, data, (features, labels), calls)}
+
     parameters = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     gradient_bytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in model.trainable_variables)
 
@@ -220,10 +228,10 @@ def measure_model(name: str, workdir: str, quick: bool) -> dict:
     best_spe = max(sweep, key=sweep.get)
     rounds = []
     for i in range(1 if quick else 3):
-        measured = {"bare": batch / time_bare(), "fed": batch / time_fed(), "engine loop": batch / time_loop(),
-                    "engine": engine_rate(),
-                    "engine pipeline": engine_rate(input_mode="distribute_dataset"),
-                    "engine guarded": engine_rate(on_nonfinite="skip")}
+        measured = {key: batch / time_once() for key, time_once in step_timers().items()}
+        measured.update({"engine": engine_rate(),
+                         "engine pipeline": engine_rate(input_mode="distribute_dataset"),
+                         "engine guarded": engine_rate(on_nonfinite="skip")})
         if i == 0:
             measured["fit best"], measured["fit default"] = sweep[best_spe], sweep[1]
         else:
