@@ -1,7 +1,7 @@
 """Every built-in model against its own ceiling and against Keras `model.fit`, and what that
 predicts beyond one machine.
 
-    python -m benchmarks.models                      # all five, about 25 minutes on 2 CPU cores
+    python -m benchmarks.models                      # all five, about 20 minutes on 2 CPU cores
     python -m benchmarks.models --models=mlp,cnn     # some of them
     python -m benchmarks.models --quick              # fewer steps and repeats (a smoke run)
 
