@@ -11,7 +11,9 @@ and rollback start the counter at the data position. The arrays are not checkpoi
 
 The iterator's protocol with engine/loop.py: `next(iterator)` (cross-replica context) returns a
 small reference to the batch, and `iterator.replica_batch(reference)` (replica context, inside
-`strategy.run`) returns this replica's (features, labels).
+`strategy.run`) returns this replica's (features, labels). With one replica the loop gathers one
+step ahead and calls `iterator.give_back()` after its last step, so the position counts exactly
+the batches trained on.
 """
 
 from __future__ import annotations
@@ -71,6 +73,11 @@ class ResidentIterator:
             start = (batch % data.steps_per_epoch) * data.global_batch
             indices = tf.slice(self.order.read_value(), [tf.cast(start, tf.int32)], [data.global_batch])
         return batch, indices
+
+    def give_back(self) -> None:
+        """The last batch taken was not trained on (engine/loop.py gathers one step ahead): the
+        next `next()` hands it out again."""
+        self.position.assign_sub(1)
 
     def replica_batch(self, reference):
         """This replica's (features, labels): its contiguous slice of the global batch."""
