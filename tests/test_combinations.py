@@ -146,9 +146,12 @@ def cli_runs(request, tmp_path_factory):
         if item.module is request.module and "row" in params:
             rows[_row_id(params["row"])] = params["row"]
     write_data_files()
+    # Made here, not in the pool's threads: two threads creating pytest's first temporary directory
+    # of the process at once race (one gets FileExistsError).
+    model_dirs = {row_id: str(tmp_path_factory.mktemp("run") / "run") for row_id in rows}
     pool = ThreadPoolExecutor(max_workers=2)
-    yield {row_id: pool.submit(lambda row: run_cli(*SHORT_RUN, *_args(row), "--model_dir="
-                                                   + str(tmp_path_factory.mktemp("run") / "run"), timeout=300), row)
+    yield {row_id: pool.submit(lambda row, model_dir: run_cli(*SHORT_RUN, *_args(row), "--model_dir=" + model_dir,
+                                                              timeout=300), row, model_dirs[row_id])
            for row_id, row in rows.items()}
     pool.shutdown(cancel_futures=True)
     shutil.rmtree(DATA_DIR, ignore_errors=True)
