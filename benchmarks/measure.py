@@ -60,6 +60,21 @@ def matmul_peak_flops(dtype=tf.float32, n: int | None = None, repeats: int = 20)
     return 2 * n**3 * repeats / best
 
 
+def steps_timer(run_steps, steps: int):
+    """A function that times `run_steps(steps)` (one compiled loop of that many steps, synced)
+    and returns seconds per step; warmed up once here (tracing), and garbage collected before each
+    timing, so an earlier measurement's garbage is not this one's time."""
+    run_steps(min(3, steps))
+
+    def time_once() -> float:
+        gc.collect()
+        start = time.perf_counter()
+        run_steps(steps)
+        return (time.perf_counter() - start) / steps
+
+    return time_once
+
+
 def call_timer(body, calls: int = 50):
     """A function that times one compiled loop of `calls` calls of body() and returns seconds per
     call; traced and warmed up once here, so repeated timings (e.g. interleaved with other
@@ -72,15 +87,7 @@ def call_timer(body, calls: int = 50):
             out = body()
         return out
 
-    loop(tf.constant(min(3, calls))).numpy()
-
-    def time_once() -> float:
-        gc.collect()  # an earlier measurement's garbage is not this one's time
-        start = time.perf_counter()
-        loop(tf.constant(calls)).numpy()
-        return (time.perf_counter() - start) / calls
-
-    return time_once
+    return steps_timer(lambda n: loop(tf.constant(n)).numpy(), calls)
 
 
 def seconds_per_call(body, calls: int = 50, timings: int = 5) -> float:

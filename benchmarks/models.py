@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import json
 import math
 import os
@@ -154,15 +153,7 @@ def engine_loop_timer(config, task_class, data, batch, steps: int):
     loop = make_train_loop(strategy, task, state.global_step, update_summaries=config.summaries == "full",
                            gradients=config.histogram_every > 0)
     iterator = _ConstantBatch(batch)
-    loop(iterator, tf.constant(min(3, steps)))["steps"].numpy()
-
-    def time_once() -> float:
-        gc.collect()
-        start = time.perf_counter()
-        loop(iterator, tf.constant(steps))["steps"].numpy()
-        return (time.perf_counter() - start) / steps
-
-    return time_once
+    return measure.steps_timer(lambda n: loop(iterator, tf.constant(n))["steps"].numpy(), steps)
 
 
 def fit_rate(config, task_class, data, steps_per_execution, steps, epochs) -> float:
