@@ -59,6 +59,24 @@ def test_resumed_run_continues_the_step_axis(tmp_path):
 
 
 @pytest.mark.fast
+def test_scalars_written_compiled_read_back_as_written_eagerly(tmp_path):
+    """write_scalars has an eager path (a name set's first write) and a compiled one (its later
+    writes, or every write with every_loop): both give TensorBoard the same steps and values."""
+    scalars = [{"loss": 2.5, "accuracy": 0.25}, {"loss": 1.5, "accuracy": 0.5}, {"loss": 0.5, "accuracy": 0.75}]
+    for run, every_loop in (("eager_first", False), ("compiled", True)):
+        writers = create_writers(str(tmp_path / run), is_chief=True)
+        for step, values in enumerate(scalars, start=1):
+            writers["train"].write_scalars(step, values, every_loop=every_loop)
+        writers["train"].close()
+    for run in ("eager_first", "compiled"):
+        accumulator = tensorboard_run(tmp_path / run / "train")
+        for name in ("loss", "accuracy"):
+            events = accumulator.Tensors(name)
+            assert [e.step for e in events] == [1, 2, 3], (run, name)
+            assert [float(tf.make_ndarray(e.tensor_proto)) for e in events] == [v[name] for v in scalars], (run, name)
+
+
+@pytest.mark.fast
 def test_non_chief_writes_nothing(tmp_path):
     writers = create_writers(str(tmp_path), is_chief=False)
     writers["train"].write_scalars(1, {"loss": 1.0})

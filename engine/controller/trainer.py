@@ -335,7 +335,7 @@ class _Run:
             "steps_per_sec": num_steps / seconds,
             "examples_per_sec": examples_per_sec,
             "loop_seconds": seconds,
-        })
+        }, every_loop=True)
         self.monitor.after_loop(step, first_call)
         self.last_result = result
         self.progress.update(step, self.train_metrics, examples_per_sec)
