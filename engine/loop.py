@@ -166,6 +166,7 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
       totals: {name: (total, count)} summed over replicas and the good steps; with update_summaries
         also the updater's summaries (e.g. "grad_norm": mean global norm per step of the summed
         gradients before clipping, "grad_norm/<optimizer>" for each other optimizer of the Task);
+      learning_rate: the Task's optimizer's learning rate after the loop's last step;
       steps: the steps run, each added to `global_step` as it ends, so the counter matches the weights;
       bad_steps: with skip_nonfinite, how many steps were bad (skipped); otherwise 1 when the loop
         stopped early at a bad step (the step numbered global_step + 1, not counted, not applied);
@@ -239,7 +240,10 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
         if pipelined:
             iterator.give_back()
         totals = _unstacked(totals, names)
-        result = {"totals": totals, "steps": steps, "bad_steps": bad_steps, "skipped_updates": skipped_updates}
+        result = {"totals": totals, "steps": steps, "bad_steps": bad_steps, "skipped_updates": skipped_updates,
+                  # after the loop's updates; read here, not eagerly after the call (a schedule's
+                  # eager ops cost 0.3 ms, ~1 % of a 100-step mlp loop)
+                  "learning_rate": tf.cast(task.optimizer.learning_rate, tf.float32)}
         if gradients:
             result["gradients"] = last
         return result

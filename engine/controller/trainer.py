@@ -331,7 +331,7 @@ class _Run:
         self.writers["train"].write_scalars(step, {
             **self.train_metrics,
             **_update_scalars(task.updater, result),
-            "learning_rate": _scalar(task.optimizer.learning_rate),
+            "learning_rate": float(result["learning_rate"].numpy()),
             "steps_per_sec": num_steps / seconds,
             "examples_per_sec": examples_per_sec,
             "loop_seconds": seconds,
