@@ -122,3 +122,23 @@ def test_global_batch_larger_than_data_is_an_error():
     data = sources.load(Config(dataset="synthetic", synthetic_train_examples=10, synthetic_test_examples=5))
     with pytest.raises(UserError, match="larger than the 10 training examples"):
         pipelines.steps_per_epoch(data, 64)
+
+
+@pytest.mark.fast
+def test_uint8_normalisation_on_cpu_is_bit_identical_to_cast_and_multiply():
+    """tf.data maps (and arrays resident on CPUs) scale uint8 by Dequantize, a GPU-less kernel;
+    arrays resident on a GPU by a cast and a multiply. Every value must come out the same bits,
+    or N replicas on GPUs would not train like the tf.data path; grey (H, W) images gain a channel."""
+    import tensorflow as tf
+
+    from engine.data.formats import normalise_features
+
+    every_value = tf.reshape(tf.range(256, dtype=tf.int32), [2, 8, 16])
+    every_value = tf.cast(every_value, tf.uint8)
+    fused, plain = normalise_features(every_value, on_cpu=True), normalise_features(every_value)
+    assert fused.dtype == plain.dtype == tf.float32 and fused.shape == plain.shape == (2, 8, 16, 1)
+    np.testing.assert_array_equal(fused.numpy().view(np.uint32), plain.numpy().view(np.uint32))
+    assert float(tf.reduce_max(fused)) == 1.0 and float(tf.reduce_min(fused)) == 0.0
+
+    traced = tf.function(lambda x: normalise_features(x, on_cpu=True))(every_value)
+    np.testing.assert_array_equal(traced.numpy().view(np.uint32), plain.numpy().view(np.uint32))

@@ -22,8 +22,8 @@ from engine.errors import UserError
 MAX_IN_MEMORY_BYTES = 1 << 30  # the GraphDef limit is 2 GB; train + test arrays stay well under it
 
 
-def _normalise(x, y):
-    return normalise_features(x), normalise_labels(y)
+def _normalise(x, y, on_cpu: bool = False):
+    return normalise_features(x, on_cpu=on_cpu), normalise_labels(y)
 
 
 class ArraySource:
@@ -140,12 +140,13 @@ def _index_batches(num_examples: int, global_batch: int, seed: int | None, skip_
     return dataset.skip(skip_batches) if skip_batches else dataset
 
 
-def gather_normalised(features, labels, global_batch, augment, dtypes=None):
+def gather_normalised(features, labels, global_batch, augment, dtypes=None, on_cpu: bool = True):
     """(batch number, indices[, rows]) -> normalised (features, labels), one gather per batch;
     `augment` (per example, with its stream position as seed) when the Task has one; `rows`: the
     examples' places in their global batch (default: 0, 1, ...). `features` and `labels` are
     arrays (made constants) or variables (read where the gather runs: input_mode=resident);
-    `dtypes`: the (features, labels) dtypes to cast the gathered values back to, when stored wider."""
+    `dtypes`: the (features, labels) dtypes to cast the gathered values back to, when stored wider;
+    `on_cpu`: the gather runs on a CPU (tf.data's maps do; see normalise_features)."""
     if not isinstance(features, tf.Variable):
         features, labels = tf.constant(features), tf.constant(labels)
 
@@ -153,7 +154,7 @@ def gather_normalised(features, labels, global_batch, augment, dtypes=None):
         x, y = tf.gather(features, indices), tf.gather(labels, indices)
         if dtypes is not None:
             x, y = tf.cast(x, dtypes[0]), tf.cast(y, dtypes[1])
-        x, y = _normalise(x, y)
+        x, y = _normalise(x, y, on_cpu)
         if augment is not None:
             rows = tf.range(tf.shape(indices)[0], dtype=tf.int64) if rows is None else rows
             x, y = augment_each(augment, x, y, batch_number * global_batch + rows)

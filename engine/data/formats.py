@@ -13,11 +13,20 @@ import tensorflow as tf
 from engine.errors import UserError
 
 
-def normalise_features(x, batched: bool = True):
+def normalise_features(x, batched: bool = True, on_cpu: bool = False):
     """uint8 -> float32 in [0, 1] (images; (H, W) grey images gain a channel axis), other floats
-    -> float32, other integers -> int32 (e.g. token ids)."""
+    -> float32, other integers -> int32 (e.g. token ids).
+
+    on_cpu: the op runs on a CPU (a tf.data map, arrays resident on CPU devices): uint8 is scaled in
+    one pass by Dequantize, a CPU-only kernel whose result is bit-identical to the cast and
+    multiply (every one of the 256 values: tests/test_data.py) in half the time (a 256 x 28 x 28
+    batch: ~25 us less, 6 % of an mlp step)."""
     if x.dtype == tf.uint8:
-        x = tf.cast(x, tf.float32) * (1.0 / 255.0)
+        if on_cpu:
+            x = tf.raw_ops.Dequantize(input=tf.bitcast(x, tf.quint8), min_range=0.0, max_range=1.0,
+                                      mode="MIN_COMBINED")
+        else:
+            x = tf.cast(x, tf.float32) * (1.0 / 255.0)
         return x[..., tf.newaxis] if x.shape.rank == 2 + batched else x
     return tf.cast(x, tf.float32 if x.dtype.is_floating else tf.int32)
 

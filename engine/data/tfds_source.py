@@ -163,7 +163,7 @@ def load(argument: str, config) -> streams.StreamSource:
 
     def decode(serialized):
         x, y = decode_raw(serialized)
-        return normalise_features(x, batched=False), normalise_labels(y)
+        return normalise_features(x, batched=False, on_cpu=True), normalise_labels(y)
 
     train_units, test_units = _units(info, "train", where), _units(info, test_split, where)
     x_spec, y_spec = tf.data.TFRecordDataset(train_units[:1]).map(decode).element_spec

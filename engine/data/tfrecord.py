@@ -90,11 +90,11 @@ def _default_schema(path: str, image_size: str = ""):
 
     def decode(serialized):
         parsed = tf.io.parse_single_example(serialized, spec)
-        return normalise_features(to_features(parsed[key]), batched=False), normalise_labels(parsed["label"])
+        return normalise_features(to_features(parsed[key]), batched=False, on_cpu=True), normalise_labels(parsed["label"])
 
     def decode_batch(serialized):
         parsed = tf.io.parse_example(serialized, spec)
-        return normalise_features(to_features_batch(parsed[key])), normalise_labels(parsed["label"])
+        return normalise_features(to_features_batch(parsed[key]), on_cpu=True), normalise_labels(parsed["label"])
 
     return decode, decode_batch, spec["label"], raw
 
