@@ -34,8 +34,13 @@ def test_resident_trains_bit_for_bit_like_the_pipeline(tmp_path, replicas, accum
         np.testing.assert_array_equal(value, runs["distribute_dataset"][name], err_msg=name)
 
 
-def test_resident_resumes_exactly(tmp_path):
-    config = small_config(tmp_path / "stopped", **RUN, input_mode="resident")
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_resident_resumes_exactly(tmp_path, replicas):
+    """One replica gathers one step ahead and gives the last batch back, several gather inside
+    the step: either way the data position counts exactly the steps trained, so a resumed run
+    draws the batches a straight run does."""
+    config = small_config(tmp_path / "stopped", **RUN, input_mode="resident", strategy="mirrored",
+                          cpu_replicas=replicas)
     train(config.replace(train_steps=12), **QUIET)  # stops inside the second epoch
     assert train(config, **QUIET).start_step == 12
     train(config.replace(model_dir=str(tmp_path / "straight")), **QUIET)
