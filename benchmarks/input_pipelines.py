@@ -9,7 +9,8 @@ of PNG files (`images:`), TFRecord shards (`tfrecord:`, PNG-encoded in the defau
 each: the engine's training pipeline alone (global batch 256, one input pipeline), batches/s after
 a warm-up, against the engine's training step rate on the same data (the seed `cnn` and `mlp`,
 one replica, measured by a short run). A ratio above 1 means the input keeps up with the step.
-Then the engine training the cnn from each stored form, interleaved over 3 rounds: TFRecords
+Then the engine training the cnn from each stored form (240 steps a run: shorter runs swung by
++-20 %), interleaved over 5 rounds: TFRecords
 decoded a batch at a time (the engine) and record by record (as before), and tf.data autotuning of
 the engine's pipelines on and off (engine/data/formats.AUTOTUNE_PIPELINES), each against in memory.
 """
@@ -108,7 +109,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    count, batches, steps, rounds = (3000, 10, 20, 1) if args.quick else (20000, 60, 120, 3)
+    count, batches, steps, rounds = (3000, 10, 20, 1) if args.quick else (20000, 60, 240, 5)
     directory = tempfile.mkdtemp(prefix="ctl_input_bench_")
     try:
         start = time.perf_counter()
