@@ -4,6 +4,7 @@ predicts beyond one machine.
     python -m benchmarks.models                      # all five, about 20 minutes on 2 CPU cores
     python -m benchmarks.models --models=mlp,cnn     # some of them
     python -m benchmarks.models --quick              # fewer steps and repeats (a smoke run)
+    python -m benchmarks.models --rounds=5           # more rounds: tighter medians (about 30 minutes)
 
 The same command on a GPU machine measures on its first GPU (TensorFlow's default device) and
 prints the GPU's name and its matmul peak; nothing else changes.
@@ -23,7 +24,7 @@ on in-memory data, one replica, float32, global batch as in WORKLOADS:
     (its default) and at the best of 1/10/100.
   Each round times every one of these once, in the same order (ROUND), so a burst of background
   load hits all alike; ratios are taken within a round and summarised (median, lowest, highest)
-  over 3 rounds (1 with --quick). `--json=FILE` keeps every figure; `python -m
+  over 3 rounds (--rounds; 1 with --quick). `--json=FILE` keeps every figure; `python -m
   benchmarks.models_table FILE` regenerates the docs' table from it.
   * training FLOPs per example, counted by TensorFlow's profiler on the bare step's graph, so the
     achieved FLOP/s against the device's float32 matmul peak.
@@ -170,7 +171,7 @@ def fit_rate(config, task_class, data, steps_per_execution, steps, epochs) -> fl
 ROUND = ("bare", "fed", "engine loop", "engine", "engine pipeline", "engine guarded", "fit best", "fit default")
 
 
-def measure_model(name: str, workdir: str, quick: bool) -> dict:
+def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> dict:
     config = config_for(name, workdir)
     task_class, data, _ = job.load_data(config)
     batch = config.global_batch
@@ -218,7 +219,7 @@ def measure_model(name: str, workdir: str, quick: bool) -> dict:
     sweep = {spe: fit_rate(config, task_class, data, spe, steps, fit_epochs) for spe in (1, 10, 100) if spe <= spl}
     best_spe = max(sweep, key=sweep.get)
     rounds = []
-    for i in range(1 if quick else 3):
+    for i in range(1 if quick else num_rounds):
         measured = {key: batch / time_once() for key, time_once in step_timers().items()}
         measured.update({"engine": engine_rate(),
                          "engine pipeline": engine_rate(input_mode="distribute_dataset"),
@@ -260,9 +261,10 @@ def peak_rss(name: str, workdir: str, steps_per_loop: int) -> int:
     return rss
 
 
-def child(name: str, workdir: str, quick: bool) -> dict:
+def child(name: str, workdir: str, quick: bool, rounds: int) -> dict:
     """Runs one model's measurements in a fresh process; its result dict."""
-    command = [sys.executable, "-m", "benchmarks.models", f"--child={name}", f"--workdir={workdir}"]
+    command = [sys.executable, "-m", "benchmarks.models", f"--child={name}", f"--workdir={workdir}",
+               f"--rounds={rounds}"]
     if quick:
         command.append("--quick")
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=3600)
@@ -302,13 +304,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
     parser.add_argument("--quick", action="store_true", help="fewer steps and repeats (a smoke run)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds per model (each about 1-2 minutes on 2 cores); 1 with --quick")
     parser.add_argument("--json", help="also write every result to this JSON file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(measure_model(args.child, args.workdir, args.quick)), flush=True)
+        print("RESULT " + json.dumps(measure_model(args.child, args.workdir, args.quick, args.rounds)), flush=True)
         return
+    if args.rounds < 1:
+        parser.error(f"--rounds={args.rounds}: give 1 or more")
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
@@ -326,7 +332,7 @@ def main() -> None:
         write_text(os.path.join(workdir, TEXT_FILE))
         for name in names:
             print(f"{name}: {WORKLOADS[name].note} ...", flush=True)
-            result = child(name, workdir, args.quick)
+            result = child(name, workdir, args.quick, args.rounds)
             result["peak_rss"] = peak_rss(name, workdir, result["steps_per_loop"])
             results.append(result)
     report = dict(device=measure.device_description(), peak=peak, results=results,
