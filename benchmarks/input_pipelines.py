@@ -1,6 +1,6 @@
 """Each source's input pipeline alone against the training step it feeds, on the same data.
 
-    python -m benchmarks.input_pipelines              # 3-8 minutes on 2 cores
+    python -m benchmarks.input_pipelines              # about 6 minutes on 2 cores
     python -m benchmarks.input_pipelines --quick      # a smoke run
 
 The same 20,000 32x32x3 uint8 images with labels, stored three ways: an npz (in memory), a folder

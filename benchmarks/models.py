@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -158,6 +159,7 @@ def engine_loop_timer(config, task_class, data, batch, steps: int):
 
 
 def fit_rate(config, task_class, data, steps_per_execution, steps, epochs) -> float:
+    gc.collect()  # the earlier measurements' models and graphs: not this run's time
     task, model, optimizer = fresh_task(config, task_class, data)
     sequences = data.spec.labels.shape.rank > 0  # per-token targets: padding (-1) is ignored, as the task does
     model.compile(optimizer=optimizer, metrics=["accuracy"], steps_per_execution=steps_per_execution,
@@ -211,6 +213,7 @@ def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> 
 
     def engine_rate(**changes):
         run_config = engine_config.replace(model_dir=tempfile.mkdtemp(prefix="bench_", dir=workdir), **changes)
+        gc.collect()  # the earlier measurements' models and graphs: not this run's time
         return train(run_config, out=open(os.devnull, "w")).train_examples_per_sec
 
     # fit's steps_per_execution sweep is the first round's fit figures; then every round times each
