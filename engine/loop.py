@@ -205,7 +205,10 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
         following = ()  # (autograph: a loop variable either way; empty unless pipelined)
         if pipelined:
             following = strategy.run(replica_batch, args=(next(iterator),))
-        for _ in tf.range(num_steps):
+        # The loop ends after num_steps steps or at a bad step (stop mode): a condition of the
+        # while loop, not a `break` (autograph makes that a cond per step: 2 % of an mlp step).
+        stopped = tf.constant(False)
+        while steps < num_steps and not stopped:
             if pipelined:
                 batch, following = following, strategy.run(replica_batch, args=(next(iterator),))
             else:
@@ -227,17 +230,17 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
             if loss_upper_bound:
                 loss = 2 * metric_names.index("loss")
                 good = tf.logical_and(good, step_totals[loss] <= loss_upper_bound * step_totals[loss + 1])
-            if skip_nonfinite:  # a bad step counts, but its (maybe NaN) metrics stay out of the totals
-                totals += tf.where(good, step_totals, 0.0)
-                bad_steps += 1 - tf.cast(good, tf.int32)
-            else:  # stop: the loop ends before a bad step counts
-                if not good:
-                    bad_steps = tf.constant(1, tf.int32)
-                    break
-                totals += step_totals
-            skipped_updates += 1 - tf.cast(strategy.experimental_local_results(applied)[0], tf.int32)
-            steps += 1
-            global_step.assign_add(1)
+            # A bad step's (maybe NaN) metrics stay out of the totals. skip: it counts as a step
+            # (its batch is consumed); stop: the loop ends before counting it.
+            totals += tf.where(good, step_totals, 0.0)
+            bad_steps += 1 - tf.cast(good, tf.int32)
+            if skip_nonfinite:
+                counted = tf.constant(1, tf.int32)
+            else:
+                counted, stopped = tf.cast(good, tf.int32), tf.logical_not(good)
+            skipped_updates += counted * (1 - tf.cast(strategy.experimental_local_results(applied)[0], tf.int32))
+            steps += counted
+            global_step.assign_add(tf.cast(counted, global_step.dtype))
         if pipelined:
             iterator.give_back()
         totals = _unstacked(totals, names)

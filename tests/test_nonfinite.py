@@ -22,19 +22,20 @@ def _latest_step(model_dir):
     return int(checkpoint_state(model_dir)["global_step/.ATTRIBUTES/VARIABLE_VALUE"])
 
 
-@pytest.mark.parametrize("task", ["NanGradientTask", "NanLossTask"])
-def test_stop_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, task):
-    config = small_config(tmp_path, task=f"{TEST_TASKS}:{task}", train_steps=12, steps_per_loop=3,
-                          checkpoint_every=3, **TWO_REPLICAS)
-    with pytest.raises(NonFiniteLoss, match=f"step {NAN_AT + 1} .*nothing saved after step 3"):
+# The bad step last in its loop (steps 4-6), and in the middle of one (steps 5-8: the loop stops there).
+@pytest.mark.parametrize("task, steps_per_loop", [("NanGradientTask", 3), ("NanLossTask", 3), ("NanLossTask", 4)])
+def test_stop_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, task, steps_per_loop):
+    config = small_config(tmp_path, task=f"{TEST_TASKS}:{task}", train_steps=12, steps_per_loop=steps_per_loop,
+                          checkpoint_every=steps_per_loop, **TWO_REPLICAS)
+    with pytest.raises(NonFiniteLoss, match=f"step {NAN_AT + 1} .*nothing saved after step {steps_per_loop}"):
         train(config, out=open(os.devnull, "w"))
-    assert _latest_step(tmp_path) == 3  # the loop of steps 4-6 was never saved
+    assert _latest_step(tmp_path) == steps_per_loop  # the loop with the bad step was never saved
     state = checkpoint_state(tmp_path)
     assert all(np.all(np.isfinite(value)) for value in state.values())
     # The last good checkpoint loads: the same run with a clean task resumes from it.
     resumed = train(config.replace(task="classification", allow_config_change=True, train_steps=6),
                     out=open(os.devnull, "w"))
-    assert resumed.start_step == 3 and resumed.final_step == 6
+    assert resumed.start_step == steps_per_loop and resumed.final_step == 6
 
 
 @pytest.mark.parametrize("task, strategy", [("NanGradientTask", TWO_REPLICAS),
