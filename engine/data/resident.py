@@ -83,6 +83,8 @@ class ResidentIterator:
     def replica_batch(self, reference):
         """This replica's (features, labels): its contiguous slice of the global batch."""
         batch, indices = reference
+        if self.data.per_replica == self.data.global_batch:  # one replica: the whole global batch
+            return self.data.gather(batch, indices)
         replica = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int32)
         rows = replica * self.data.per_replica + tf.range(self.data.per_replica)
         return self.data.gather(batch, tf.gather(indices, rows), tf.cast(rows, tf.int64))
