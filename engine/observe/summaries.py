@@ -37,17 +37,20 @@ class SummaryWriter:
         # {names: None (written once, eagerly) or a compiled writer of those names}
         self._scalar_writers = {}
 
-    @_writes
     def write_scalars(self, step: int, scalars: dict, every_loop: bool = False) -> None:
         """Names written again (every loop's scalars) are written by one compiled call (about
         0.3 ms) instead of an eager op chain per scalar (about 0.3 ms each). A name set is compiled
         the second time it is written, or at once with `every_loop` (its trace, about 70 ms, then
-        falls in the run's first loop, which the run's throughput leaves out, not in a timed one)."""
+        falls in the run's first loop, which the run's throughput leaves out, not in a timed one).
+        The compiled call sets its writer itself (and flushes it once, as as_default does on exit)."""
+        if self._writer is None:
+            return
         names = tuple(scalars)
         if names not in self._scalar_writers and not every_loop:
             self._scalar_writers[names] = None
-            for name, value in scalars.items():
-                tf.summary.scalar(name, value)
+            with self._writer.as_default(step=step):
+                for name, value in scalars.items():
+                    tf.summary.scalar(name, value)
             return
         if self._scalar_writers.get(names) is None:
             self._scalar_writers[names] = tf.function(functools.partial(_write_scalars, self._writer, names))
