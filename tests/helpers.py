@@ -24,6 +24,8 @@ from tasks import IdCountingTask
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEST_TASKS = os.path.join(REPO, "tests", "tasks.py")
+# train(config, **QUIET): no progress lines on the console
+QUIET = dict(out=open(os.devnull, "w"))
 
 
 def small_config(model_dir, **overrides) -> Config:

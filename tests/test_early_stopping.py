@@ -10,12 +10,11 @@ import os
 
 import pytest
 import tensorflow as tf
-from helpers import explain, run_cli, small_config
+from helpers import QUIET, explain, run_cli, small_config
 
 from engine.controller.trainer import train
 from engine.errors import UserError
 
-QUIET = dict(out=open(os.devnull, "w"))
 # A learning rate too small to change the loss: no evaluation improves on the first.
 FROZEN = dict(model="mlp", learning_rate=1e-12, eval_every=2, steps_per_loop=2, train_steps=20, best_metric="loss",
               early_stopping_patience=2)

@@ -4,18 +4,15 @@
 
 from __future__ import annotations
 
-import os
-
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import checkpoint_state, exported_weights, small_config, tensorboard_scalars
+from helpers import QUIET, checkpoint_state, exported_weights, small_config, tensorboard_scalars
 
 from engine.controller.trainer import train
 from engine.ema import WeightAverage
 
-QUIET = dict(out=open(os.devnull, "w"))
 TWO = dict(strategy="mirrored", cpu_replicas=2)
 
 

@@ -15,14 +15,13 @@ import keras
 import pytest
 import tensorflow as tf
 
-from helpers import REPO, TEST_TASKS, run_cli, small_config, tensorboard_scalars
+from helpers import QUIET, REPO, TEST_TASKS, run_cli, small_config, tensorboard_scalars
 from engine.controller import best as best_lib
 from engine.controller.evaluator import evaluate
 from engine.controller.trainer import train
 from engine.distribute.launch import worker_tf_configs
 from engine.errors import UserError
 
-QUIET = dict(out=open(os.devnull, "w"))
 # conftest.small_config(model="mlp") as flags.
 ARGS = ["--dataset=synthetic", "--synthetic_train_examples=1024", "--synthetic_test_examples=300",
         "--global_batch=64", "--steps_per_loop=3", "--seed=7", "--model=mlp", "--optimizer=adam"]

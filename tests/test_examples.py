@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import REPO, TEST_TASKS, checkpoint_state, exported_by_name, small_config, tensorboard_run
+from helpers import QUIET, REPO, TEST_TASKS, checkpoint_state, exported_by_name, small_config, tensorboard_run
 
 from engine.controller.state import create_state
 from engine.controller.trainer import train
@@ -27,7 +27,6 @@ from examples.gan import GanTask
 from examples.gradient_penalty import GradientPenaltyTask
 from examples.sam import SamTask
 
-QUIET = dict(out=open(os.devnull, "w"))
 TWO = dict(strategy="mirrored", cpu_replicas=2)
 STATE = ("model/", "optimizer/", "task/")
 EXAMPLES = {name: os.path.join(REPO, "examples", f"{file}.py:{name}") for file, name in (

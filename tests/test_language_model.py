@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import small_config, tensorboard_run
+from helpers import QUIET, small_config, tensorboard_run
 from engine.controller.state import create_state
 from engine.controller.trainer import train
 from engine.data import text
@@ -20,7 +20,6 @@ from engine.loop import make_train_loop
 from engine.tasks.language_model import LanguageModelTask
 from tasks import LocalTokenMeanTask
 
-QUIET = dict(out=open(os.devnull, "w"))
 FORTUNES = "/usr/share/games/fortunes/fortunes"
 SEQ = 16
 BATCH = 8  # global; replica 0 of 2 gets rows 0-3, replica 1 rows 4-7

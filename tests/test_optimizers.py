@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import exported_weights, small_config, tensorboard_scalars
+from helpers import QUIET, exported_weights, small_config, tensorboard_scalars
 from engine.errors import UserError
 from engine.optimizers import build_optimizer
 from engine.controller.trainer import train
 
-QUIET = dict(out=open(os.devnull, "w"))
 RATE = 0.01
 
 

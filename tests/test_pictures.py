@@ -4,12 +4,11 @@ for real, Agg canvas) and in a run's event files."""
 from __future__ import annotations
 
 import itertools
-import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import small_config, tensorboard_run
+from helpers import QUIET, small_config, tensorboard_run
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.pr_curve import plugin_data_pb2
 
@@ -18,7 +17,6 @@ from engine.data.builtin import CLASS_NAMES
 from engine.observe import figures, layout, pictures, pr_curves
 
 FASHION = CLASS_NAMES["fashion_mnist"]
-QUIET = dict(out=open(os.devnull, "w"))
 
 
 def _drawn_labels(figure, which: str) -> list:

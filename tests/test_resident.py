@@ -6,17 +6,14 @@ tests/test_multi_worker.py; with every other feature: tests/test_combinations.py
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-from helpers import TEST_TASKS, checkpoint_state, id_shards, small_config
+from helpers import QUIET, TEST_TASKS, checkpoint_state, id_shards, small_config
 from engine.controller.trainer import train
 from engine.errors import UserError
 
 pytestmark = pytest.mark.fast
-QUIET = dict(out=open(os.devnull, "w"))
 # 10 batches an epoch, 23 steps: three epochs' permutations; a Task with per-example augmentation.
 RUN = dict(synthetic_train_examples=640, global_batch=64, train_steps=23, steps_per_loop=5,
            task=f"{TEST_TASKS}:FlipTask", deterministic=True, eval_every=-1)

@@ -10,12 +10,11 @@ import re
 
 import numpy as np
 import pytest
-from helpers import TEST_TASKS, checkpoint_state, explain, run_cli, small_config, tensorboard_scalars
+from helpers import QUIET, TEST_TASKS, checkpoint_state, explain, run_cli, small_config, tensorboard_scalars
 
 from engine.controller.trainer import train
 from engine.errors import NonFiniteLoss, UserError
 
-QUIET = dict(out=open(os.devnull, "w"))
 ROLLBACK = dict(model="mlp", on_nonfinite="rollback", train_steps=12, steps_per_loop=2, checkpoint_every=4,
                 eval_every=-1)
 # NanLossTask's loss is NaN while global_step == 5, whatever the batch: a retry fails again.

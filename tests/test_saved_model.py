@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import small_config
+from helpers import QUIET, small_config
 
 from engine.config import Config
 from engine.controller.export import export_saved_model
@@ -25,7 +25,6 @@ from engine.data.builtin import synthetic_arrays
 from engine.data.formats import normalise_features
 from engine.data.spec import DataSpec
 
-QUIET = dict(out=open(os.devnull, "w"))
 
 # Runs in a fresh interpreter: TensorFlow and NumPy only.
 SERVE = """

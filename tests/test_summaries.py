@@ -10,14 +10,12 @@ import pytest
 import tensorflow as tf
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 
-from helpers import small_config, tensorboard_run
+from helpers import QUIET, small_config, tensorboard_run
 from engine import __version__
 from engine.errors import UserError
 from engine.observe.monitor import parse_profile_steps
 from engine.observe.summaries import create_writers
 from engine.controller.trainer import train
-
-QUIET = dict(out=open(os.devnull, "w"))
 
 
 def _scalars(logdir):

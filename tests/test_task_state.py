@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import TEST_TASKS, checkpoint_state, explain, run_cli, small_config, tensorboard_run
+from helpers import QUIET, TEST_TASKS, checkpoint_state, explain, run_cli, small_config, tensorboard_run
 
 from engine.controller.state import create_state
 from engine.controller.trainer import train
@@ -21,7 +21,6 @@ from engine.errors import ExtraFailed, UserError
 from engine.task_state import top_level_names
 from tasks import SecondModelTask
 
-QUIET = dict(out=open(os.devnull, "w"))
 TWO = dict(strategy="mirrored", cpu_replicas=2)
 PROBE = f"{TEST_TASKS}:ProbeTask"
 STATE = ("model/", "optimizer/", "task/")

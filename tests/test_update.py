@@ -10,12 +10,11 @@ import keras
 import numpy as np
 import pytest
 
-from helpers import TEST_TASKS, checkpoint_state, exported_weights, small_config, tensorboard_scalars
+from helpers import QUIET, TEST_TASKS, checkpoint_state, exported_weights, small_config, tensorboard_scalars
 from engine.errors import UserError
 from engine.controller.trainer import train
 from engine.update import INITIAL_LOSS_SCALE
 
-QUIET = dict(out=open(os.devnull, "w"))
 TWO_REPLICAS = dict(strategy="mirrored", cpu_replicas=2)
 
 

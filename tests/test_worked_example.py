@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
-from helpers import TEST_TASKS, exported_weights, small_config, tensorboard_scalars
+from helpers import QUIET, TEST_TASKS, exported_weights, small_config, tensorboard_scalars
 
 from engine.controller.trainer import train
 from engine.tasks.label_smoothing import LabelSmoothingTask
 
-QUIET = dict(out=open(os.devnull, "w"))
 TWO_REPLICAS = dict(strategy="mirrored", cpu_replicas=2)
 
 
