@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import TEST_TASKS, checkpoint_state, run_cli, small_config
+from helpers import QUIET, TEST_TASKS, checkpoint_state, run_cli, small_config
 from engine.errors import NonFiniteLoss
 from engine.controller.trainer import train
 
@@ -28,13 +28,13 @@ def test_stop_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, task, 
     config = small_config(tmp_path, task=f"{TEST_TASKS}:{task}", train_steps=12, steps_per_loop=steps_per_loop,
                           checkpoint_every=steps_per_loop, **TWO_REPLICAS)
     with pytest.raises(NonFiniteLoss, match=f"step {NAN_AT + 1} .*nothing saved after step {steps_per_loop}"):
-        train(config, out=open(os.devnull, "w"))
+        train(config, **QUIET)
     assert _latest_step(tmp_path) == steps_per_loop  # the loop with the bad step was never saved
     state = checkpoint_state(tmp_path)
     assert all(np.all(np.isfinite(value)) for value in state.values())
     # The last good checkpoint loads: the same run with a clean task resumes from it.
     resumed = train(config.replace(task="classification", allow_config_change=True, train_steps=6),
-                    out=open(os.devnull, "w"))
+                    **QUIET)
     assert resumed.start_step == steps_per_loop and resumed.final_step == 6
 
 

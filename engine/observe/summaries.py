@@ -48,14 +48,17 @@ class SummaryWriter:
         names = tuple(scalars)
         if names not in self._scalar_writers and not every_loop:
             self._scalar_writers[names] = None
-            with self._writer.as_default(step=step):
-                for name, value in scalars.items():
-                    tf.summary.scalar(name, value)
+            self._write_scalars_eagerly(step, scalars)
             return
         if self._scalar_writers.get(names) is None:
             self._scalar_writers[names] = tf.function(functools.partial(_write_scalars, self._writer, names))
         values = np.array([float(value) for value in scalars.values()], np.float32)
         self._scalar_writers[names](tf.constant(step, tf.int64), tf.constant(values))
+
+    @_writes
+    def _write_scalars_eagerly(self, step: int, scalars: dict) -> None:
+        for name, value in scalars.items():
+            tf.summary.scalar(name, value)
 
     @_writes
     def write_text(self, step: int, name: str, text: str) -> None:
