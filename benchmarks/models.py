@@ -207,10 +207,11 @@ def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> 
 
     # Loops of about 0.4 s or more, so the host's work between loops (about 1.5 ms on 2 CPU cores:
     # the call, metric reads, the scalar write, progress) stays near 1 % of a loop as it is for a
-    # user who sizes --steps_per_loop to the step (docs/performance.md): 1,000 steps per loop for
-    # steps under 1 ms, 100 under 50 ms, 10 for slower ones. fit's steps_per_execution is swept up
-    # to the same number, so both amortise their per-call costs over equally long calls.
-    spl = 1000 if rough < 0.001 else 100 if rough < 0.05 else 10
+    # user who sizes --steps_per_loop to the step (docs/runs.md): 1,000 steps per loop for steps
+    # under 2 ms (`rough` includes the calls' dispatch: mlp's 0.4 ms step measured on either side of
+    # 1 ms in two runs), 100 under 50 ms, 10 for slower ones. fit's steps_per_execution is swept up to
+    # the same number, so both amortise their per-call costs over equally long calls.
+    spl = 1000 if rough < 0.002 else 100 if rough < 0.05 else 10
     loops = max(2, math.ceil((1.5 if quick else 4.0) / (spl * rough)))
     steps = spl * loops  # timed steps per engine run and per fit epoch
     engine_config = config.replace(steps_per_loop=spl, train_steps=spl * (loops + 1))
@@ -287,11 +288,10 @@ def print_tables(report: dict) -> None:
           "where the bare step is over 5 ms; engine / fit best >= 1.0)")
     print("   bare: the compiled step on one constant batch; + input: fed by the engine's tf.data pipeline; "
           "engine loop, no input: the engine's compiled loop on the bare step's constant batch; "
-          "engine: its defaults (arrays resident); pipeline: --input_mode=distribute_dataset; guarded: "
-          "--on_nonfinite=skip (the update waits for the finite check)\n")
+          "engine: its defaults (arrays resident) at --steps_per_loop (steps / loop); pipeline: "
+          "--input_mode=distribute_dataset; guarded: --on_nonfinite=skip (the update waits for the finite check)\n")
     print(models_table.engine_table(report))
-    print("   (engine --steps_per_loop per model: " + ", ".join(f"{r['model']} {r['steps_per_loop']}" for r in results)
-          + "; every round's figures: --json)")
+    print("   (every round's figures: --json)")
 
     print(f"\n2. achieved FLOP/s against the float32 matmul peak ({peak / 1e9:,.1f} GFLOP/s) and memory")
     print(f"   {'model':15s} {'parameters':>10s} {'MFLOP/example':>13s} {'engine GFLOP/s':>14s} "

@@ -55,14 +55,16 @@ def ratio(summary: dict) -> str:
 
 def engine_table(report: dict) -> str:
     """The markdown table of every model's examples/s (medians over the rounds) and paired ratios."""
-    rows = ["| model | batch | bare step | + input | engine loop, no input | engine | engine, pipeline | engine, guarded "
+    rows = ["| model | batch | bare step | + input | engine loop, no input | engine (steps / loop) | engine, pipeline "
+            "| engine, guarded "
             "| fit spe=1 | fit best (spe) | loop / bare | engine / bare | pipeline / bare | engine / fit best "
             "| pipeline / fit best |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         m, q = r["medians"], r["ratios"]
         rows.append(f"| `{NAMES.get(r['model'], r['model'])}` | {r['batch']} | {rate(m['bare'])} | {rate(m['fed'])} "
-                    f"| {rate(m['engine loop'])} | {rate(m['engine'])} | {rate(m['engine pipeline'])} "
+                    f"| {rate(m['engine loop'])} | {rate(m['engine'])} ({r['steps_per_loop']}) "
+                    f"| {rate(m['engine pipeline'])} "
                     f"| {rate(m['engine guarded'])} | {rate(m['fit default'])} | {rate(m['fit best'])} ({r['best_spe']}) "
                     f"| {ratio(q['loop / bare'])} | {ratio(q['engine / bare'])} | {ratio(q['pipeline / bare'])} "
                     f"| {ratio(q['engine / fit best'])} | {ratio(q['pipeline / fit best'])} |")

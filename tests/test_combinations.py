@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import NO_DROPOUT, TEST_TASKS, explain, exported_weights, max_difference_by_name, run_cli, small_config
+from helpers import (NO_DROPOUT, QUIET, TEST_TASKS, explain, exported_weights, max_difference_by_name, run_cli,
+                     small_config)
 from engine.controller.state import create_state
 from engine.controller.trainer import train
 from engine.data.builtin import synthetic_arrays
@@ -243,9 +244,8 @@ def test_xla_equals_the_same_run_without_it(tmp_path, case):
     """Each replica's step compiled with XLA trains like the same run without it: weights (batch-norm
     statistics included) and the reported loss, within float tolerance."""
     settings = {**dict(model="cnn_bn", optimizer="sgd", train_steps=2, steps_per_loop=2, export=True), **case}
-    quiet = open(os.devnull, "w")
-    plain = train(small_config(tmp_path / "plain", **settings), out=quiet)
-    xla = train(small_config(tmp_path / "xla", jit_compile=True, **settings), out=quiet)
+    plain = train(small_config(tmp_path / "plain", **settings), **QUIET)
+    xla = train(small_config(tmp_path / "xla", jit_compile=True, **settings), **QUIET)
     plain_weights, xla_weights = exported_weights(tmp_path / "plain"), exported_weights(tmp_path / "xla")
     assert len(plain_weights) == len(xla_weights)
     for a, b in zip(plain_weights, xla_weights):

@@ -17,7 +17,7 @@ from benchmarks import models_table
 from engine.config import Config
 from flags import reference
 from flags.definitions import define_flags
-from helpers import REPO
+from helpers import QUIET, REPO
 
 pytestmark = pytest.mark.fast
 
@@ -129,5 +129,5 @@ def test_readme_step_example_trains(tmp_path):
     path.write_text(code)
     name = re.search(r"^class (\w+)\(Task\)", code, re.M).group(1)
     result = train(small_config(tmp_path / "run", task=f"{path}:{name}", model="mlp", strategy="mirrored",
-                                cpu_replicas=2), out=open(os.devnull, "w"))
+                                cpu_replicas=2), **QUIET)
     assert result.final_step == 6 and 0 < result.train_metrics["loss"] < 10

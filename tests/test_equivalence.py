@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 
-from helpers import TEST_TASKS, exported_weights, small_config
+from helpers import QUIET, TEST_TASKS, exported_weights, small_config
 from engine.controller.trainer import train
 
 
 def _trained_weights(tmp_path, name, **overrides):
     model_dir = tmp_path / name
-    train(small_config(model_dir, export=True, **overrides), out=open(os.devnull, "w"))
+    train(small_config(model_dir, export=True, **overrides), **QUIET)
     return exported_weights(model_dir)
 
 

@@ -8,7 +8,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-from helpers import TEST_TASKS, small_config
+from helpers import QUIET, TEST_TASKS, small_config
 from engine.data.builtin import synthetic_arrays
 from engine.errors import UserError
 from engine.loop import make_eval_loop, make_train_loop
@@ -25,7 +25,7 @@ def test_eval_matches_keras_evaluate(tmp_path, replicas):
     # 301 test examples at a global batch of 64: 4 full batches and one of 45, split 23/22.
     config = small_config(tmp_path, strategy="mirrored", cpu_replicas=replicas,
                           synthetic_test_examples=301, export=True)
-    result = train(config, out=open(os.devnull, "w"))
+    result = train(config, **QUIET)
     model = keras.models.load_model(os.path.join(tmp_path, "export", "model.keras"))
     model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     images, labels = synthetic_arrays(301, seed=2)
@@ -79,4 +79,4 @@ def test_train_loop_traces_once_for_any_loop_length():
 def test_undeclared_metric_names_are_a_clear_error(tmp_path):
     config = small_config(tmp_path, task=f"{TEST_TASKS}:WrongMetricsTask")
     with pytest.raises(UserError, match="eval_step returned"):
-        train(config, out=open(os.devnull, "w"))
+        train(config, **QUIET)

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from absl import flags as absl_flags
 
-from helpers import run_cli, small_config, stream_eval_totals, tensorboard_run
+from helpers import QUIET, run_cli, small_config, stream_eval_totals, tensorboard_run
 from engine.config import Config
 from engine.controller.trainer import train
 from engine.data import image_folders, sources, tfrecord
@@ -23,7 +23,6 @@ from engine.errors import UserError
 from flags.definitions import config_from_flags, define_flags
 from tasks import IdCountingTask
 
-QUIET = open(os.devnull, "w")
 NAMES = ("zebra", "ant", "moth")  # folder names; sorted: ant 0, moth 1, zebra 2
 CLASS_ID = {name: i for i, name in enumerate(sorted(NAMES))}
 
@@ -153,7 +152,7 @@ def test_trains_on_two_replicas_and_records_class_names(tmp_path):
     split_folders(tmp_path / "data")
     config = small_config(tmp_path / "run", dataset=f"images:{tmp_path / 'data'}", strategy="mirrored",
                           cpu_replicas=2, global_batch=8, train_steps=5, steps_per_loop=2, shuffle_buffer=16)
-    result = train(config, out=QUIET)
+    result = train(config, **QUIET)
     assert result.final_step == 5 and np.isfinite(result.eval_metrics["loss"])
     with open(tmp_path / "run" / "config.json") as f:
         record = json.load(f)
@@ -167,8 +166,8 @@ def test_trains_on_two_replicas_and_records_class_names(tmp_path):
     os.rename(tmp_path / "data" / "train" / "moth", tmp_path / "data" / "train" / "bee")
     os.rename(tmp_path / "data" / "test" / "moth", tmp_path / "data" / "test" / "bee")
     with pytest.raises(UserError, match=r"trained on classes \[ant, moth, zebra\] but .* has \[ant, bee, zebra\]"):
-        train(config.replace(train_steps=6), out=QUIET)
-    assert train(config.replace(train_steps=6, allow_config_change=True), out=QUIET).start_step == 5
+        train(config.replace(train_steps=6), **QUIET)
+    assert train(config.replace(train_steps=6, allow_config_change=True), **QUIET).start_step == 5
     with open(tmp_path / "run" / "config.json") as f:
         assert json.load(f)["class_names"] == ["ant", "bee", "zebra"]  # the record follows the run
 

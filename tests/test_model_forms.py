@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import REPO, max_difference_by_name, small_config, trained_by_name
+from helpers import QUIET, REPO, max_difference_by_name, small_config, trained_by_name
 from engine.controller.trainer import train
 from engine.data.spec import DataSpec
 from engine.models.registry import build_model
@@ -126,7 +126,7 @@ def test_package_module_function_form(tmp_path):
     assert [type(layer) for layer in model.layers] == [type(layer) for layer in registered.layers]
     result = train(small_config(tmp_path, model="engine.models.classifiers:mlp", strategy="mirrored",
                                 cpu_replicas=2, train_steps=2, steps_per_loop=2),
-                   out=open(os.devnull, "w"))
+                   **QUIET)
     assert result.final_step == 2 and result.eval_metrics["accuracy"] >= 0
 
 
@@ -161,7 +161,7 @@ def test_keras_application_trains_on_two_replicas_and_exports(tmp_path):
     result = train(small_config(tmp_path, model="keras.applications.VGG16", strategy="mirrored", cpu_replicas=2,
                                 train_steps=2, steps_per_loop=2, global_batch=32, synthetic_train_examples=128,
                                 synthetic_test_examples=32, summaries="basic", export=True, **COLOUR_32),
-                   out=open(os.devnull, "w"))
+                   **QUIET)
     assert result.final_step == 2 and np.isfinite(result.train_metrics["loss"])
     loaded = keras.models.load_model(os.path.join(str(tmp_path), "export", "model.keras"))
     assert loaded.name == "vgg16" and loaded.output_shape == (None, 10)

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import REPO, TEST_TASKS, checkpoint_state, finish_all, exported_weights, run_cli, small_config, tensorboard_run, tensorboard_scalars
+from helpers import QUIET, REPO, TEST_TASKS, checkpoint_state, exported_weights, finish_all, run_cli, small_config, tensorboard_run, tensorboard_scalars
 from engine.distribute.launch import worker_tf_configs
 from engine.controller.trainer import train
 from engine import exit_codes
@@ -38,7 +38,7 @@ def _start(per_worker_args, timeout=120):
 
 def _single_process_weights(tmp_path, name, **overrides):
     config = small_config(tmp_path / name, export=True, model="mlp", optimizer="adam", **overrides)
-    train(config, out=open(os.devnull, "w"))
+    train(config, **QUIET)
     return exported_weights(tmp_path / name)
 
 

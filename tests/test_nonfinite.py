@@ -4,7 +4,6 @@ The NaN is injected on the LAST replica only, so the decision must come from an 
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -45,13 +44,12 @@ def test_stop_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, task, 
                                             ("NanInputTask", dict(model="cnn_bn", grad_accum_steps=2,
                                                                   **TWO_REPLICAS))])
 def test_skip_leaves_weights_and_optimizer_untouched(tmp_path, task, strategy):
-    quiet = open(os.devnull, "w")
     # The poisoned step is the last one, so skipping it must leave the state of a clean 5-step run.
     skipped = train(small_config(tmp_path / "skip", task=f"{TEST_TASKS}:{task}", on_nonfinite="skip",
-                                 train_steps=NAN_AT + 1, **strategy), out=quiet)
+                                 train_steps=NAN_AT + 1, **strategy), **QUIET)
     assert skipped.skipped_steps == 1 and skipped.final_step == NAN_AT + 1
     assert np.isfinite(skipped.eval_metrics["loss"]) and np.isfinite(skipped.train_metrics["loss"])
-    train(small_config(tmp_path / "clean", train_steps=NAN_AT, **strategy), out=quiet)
+    train(small_config(tmp_path / "clean", train_steps=NAN_AT, **strategy), **QUIET)
     after_skip, clean = checkpoint_state(tmp_path / "skip"), checkpoint_state(tmp_path / "clean")
     assert int(after_skip.pop("global_step/.ATTRIBUTES/VARIABLE_VALUE")) == NAN_AT + 1  # the batch was consumed
     clean.pop("global_step/.ATTRIBUTES/VARIABLE_VALUE")

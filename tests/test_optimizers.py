@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 
 import keras
 import numpy as np
@@ -166,7 +165,7 @@ def test_engine_checks_warmup_against_the_runs_steps(tmp_path):
 def test_a_resumed_run_uses_its_own_learning_rate(tmp_path):
     """Keras keeps a constant rate in a variable the checkpoint restores; the new flag must win."""
     config = small_config(tmp_path, model="mlp", learning_rate=0.01, train_steps=3, steps_per_loop=3)
-    train(config, out=open(os.devnull, "w"))
-    train(config.replace(learning_rate=0.5, train_steps=6), out=open(os.devnull, "w"))
+    train(config, **QUIET)
+    train(config.replace(learning_rate=0.5, train_steps=6), **QUIET)
     rates = _logged(tmp_path / "train", "learning_rate")
     assert rates[3] == pytest.approx(0.01) and rates[6] == pytest.approx(0.5)

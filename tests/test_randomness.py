@@ -3,14 +3,13 @@ Dropout mask), yet a seeded run repeats, and one replica draws exactly what Kera
 
 from __future__ import annotations
 
-import os
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import TEST_TASKS, exported_weights, small_config
+from helpers import QUIET, TEST_TASKS, exported_weights, small_config
 from engine.randomness import per_replica_randomness, replica_seed, seed_generators
 from engine.distribute.strategy import build_strategy
 from engine.task import Task
@@ -134,8 +133,7 @@ def _trained(tmp_path, name, **overrides):
                           cpu_replicas=2, optimizer="sgd", learning_rate=0.1, export=True,
                           synthetic_train_examples=256, synthetic_test_examples=64, train_steps=4,
                           steps_per_loop=2, **overrides)
-    with open(os.devnull, "w") as devnull:
-        train(config, out=devnull)
+    train(config, **QUIET)
     return exported_weights(model_dir)
 
 

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import TEST_TASKS, exported_weights, explain, run_cli, small_config, tensorboard_scalars
+from helpers import QUIET, TEST_TASKS, explain, exported_weights, run_cli, small_config, tensorboard_scalars
 
 from engine.controller.trainer import train
 
@@ -27,7 +27,7 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_undisturbed(tmp_pat
     assert dict(tensorboard_scalars(tmp_path / "run" / "train"))["restarts"][0][1] == 1.0
     # 2 workers train like one process (tests/test_multi_worker.py): the undisturbed reference.
     train(small_config(tmp_path / "undisturbed", model="mlp", train_steps=8, steps_per_loop=2, checkpoint_every=2,
-                       export=True), out=open(os.devnull, "w"))
+                       export=True), **QUIET)
     for a, b in zip(exported_weights(tmp_path / "run"), exported_weights(tmp_path / "undisturbed")):
         np.testing.assert_allclose(a, b, atol=1e-5)
 

@@ -7,11 +7,10 @@ model AND optimizer variable of the final checkpoint with an uninterrupted run's
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 
-from helpers import TEST_TASKS, checkpoint_state, small_config
+from helpers import QUIET, TEST_TASKS, checkpoint_state, small_config
 from engine.controller.trainer import train
 
 # 1024 examples / batch 64 = 16 steps per epoch; loops of 3 steps.
@@ -20,14 +19,13 @@ TOTAL = 20  # into the second epoch (a reshuffled order)
 
 
 def _stopped_and_straight(tmp_path, **overrides):
-    quiet = open(os.devnull, "w")
     config = small_config(tmp_path / "stopped", train_steps=TOTAL, **overrides)
     for stop in STOPS:
-        result = train(config.replace(train_steps=stop), out=quiet)
+        result = train(config.replace(train_steps=stop), **QUIET)
         assert result.final_step == stop
-    resumed = train(config, out=quiet)
+    resumed = train(config, **QUIET)
     assert resumed.start_step == STOPS[-1] and resumed.final_step == TOTAL
-    train(config.replace(model_dir=str(tmp_path / "straight")), out=quiet)
+    train(config.replace(model_dir=str(tmp_path / "straight")), **QUIET)
     stopped, straight = checkpoint_state(tmp_path / "stopped"), checkpoint_state(tmp_path / "straight")
     assert sorted(stopped) == sorted(straight) and len(stopped) > 4
     assert int(stopped["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == TOTAL

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import TEST_TASKS, checkpoint_state, id_arrays, id_shards, small_config, stream_eval_totals
+from helpers import QUIET, TEST_TASKS, checkpoint_state, id_arrays, id_shards, small_config, stream_eval_totals
 from tasks import FlipTask
 from engine.config import Config
 from engine.controller.trainer import train
@@ -17,7 +17,6 @@ from engine.data import builtin, sources, tfrecord
 from engine.errors import UserError
 from engine.task import Task
 
-QUIET = open(os.devnull, "w")
 
 
 def write_npz(path, x_train, y_train, x_test, y_test):
@@ -65,7 +64,7 @@ def test_colour_npz_trains_end_to_end(tmp_path):
     x, y = builtin.synthetic_arrays(512, seed=1, shape=(16, 16, 3))
     xt, yt = builtin.synthetic_arrays(101, seed=2, shape=(16, 16, 3))
     path = write_npz(tmp_path / "c.npz", x, y, xt, yt)
-    result = train(small_config(tmp_path / "run", dataset=f"npz:{path}", train_steps=4, steps_per_loop=2), out=QUIET)
+    result = train(small_config(tmp_path / "run", dataset=f"npz:{path}", train_steps=4, steps_per_loop=2), **QUIET)
     assert result.final_step == 4 and np.isfinite(result.eval_metrics["loss"])
 
 
@@ -142,9 +141,9 @@ def _stopped_and_straight(tmp_path, kind, **overrides):
     replica: their final checkpoints."""
     config = small_config(tmp_path / "stopped", dataset=dataset_of_kind(tmp_path, kind), train_steps=16,
                           shuffle_buffer=100, deterministic=True)
-    train(config.replace(train_steps=7, **overrides), out=QUIET)
-    assert train(config.replace(**overrides), out=QUIET).start_step == 7
-    train(config.replace(model_dir=str(tmp_path / "straight"), strategy="default"), out=QUIET)
+    train(config.replace(train_steps=7, **overrides), **QUIET)
+    assert train(config.replace(**overrides), **QUIET).start_step == 7
+    train(config.replace(model_dir=str(tmp_path / "straight"), strategy="default"), **QUIET)
     stopped, straight = checkpoint_state(tmp_path / "stopped"), checkpoint_state(tmp_path / "straight")
     assert sorted(stopped) == sorted(straight)
     return stopped, straight
@@ -268,6 +267,6 @@ def test_npz_missing_key_and_corrupt_record_name_the_file(tmp_path):
 def test_task_brings_its_own_datasets(tmp_path, replicas):
     result = train(small_config(tmp_path, task=f"{TEST_TASKS}:OwnDataTask", model="mlp", train_steps=30,
                                 steps_per_loop=10, strategy="mirrored", cpu_replicas=replicas,
-                                learning_rate=0.01), out=QUIET)
+                                learning_rate=0.01), **QUIET)
     assert result.final_step == 30
     assert result.eval_metrics["accuracy"] > 0.6  # 4 classes by sign pattern: learnable, far above 0.25

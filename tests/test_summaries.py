@@ -39,7 +39,7 @@ def _text(accumulator, tag):
 @pytest.mark.fast
 def test_train_and_eval_scalars_at_global_steps(tmp_path):
     train(small_config(tmp_path, strategy="mirrored", cpu_replicas=2, train_steps=7, steps_per_loop=3,
-                       eval_every=4), out=open(os.devnull, "w"))
+                       eval_every=4), **QUIET)
     train_tags = _scalars(tmp_path / "train")
     for tag in ("loss", "accuracy", "grad_norm", "learning_rate", "steps_per_sec", "examples_per_sec",
                 "loop_seconds"):
@@ -51,8 +51,8 @@ def test_train_and_eval_scalars_at_global_steps(tmp_path):
 
 @pytest.mark.fast
 def test_resumed_run_continues_the_step_axis(tmp_path):
-    train(small_config(tmp_path, train_steps=3), out=open(os.devnull, "w"))
-    train(small_config(tmp_path, train_steps=6), out=open(os.devnull, "w"))
+    train(small_config(tmp_path, train_steps=3), **QUIET)
+    train(small_config(tmp_path, train_steps=6), **QUIET)
     assert sorted(_scalars(tmp_path / "train")["loss"]) == [3, 6]
 
 

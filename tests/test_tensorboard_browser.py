@@ -12,7 +12,7 @@ import shutil
 import matplotlib.image
 import numpy as np
 import pytest
-from helpers import REPO, screenshots_script, small_config
+from helpers import QUIET, REPO, screenshots_script, small_config
 
 from engine.controller.trainer import train
 from engine.data.builtin import DEBIAN_FASHION_MNIST_DIR
@@ -23,12 +23,11 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_the_dashboards_show_the_runs_pictures_curves_layout_and_text(tmp_path):
-    quiet = dict(out=open(os.devnull, "w"))
     logdir = tmp_path / "runs"
     train(small_config(logdir / "fashion", dataset="fashion_mnist", train_steps=4, steps_per_loop=2,
-                       eval_every=2), **quiet)
+                       eval_every=2), **QUIET)
     train(small_config(logdir / "gan", task=os.path.join(REPO, "examples", "gan.py:GanTask"), model="mlp",
-                       global_batch=32, train_steps=2, steps_per_loop=2), **quiet)
+                       global_batch=32, train_steps=2, steps_per_loop=2), **QUIET)
     screenshots = screenshots_script()
     needles = {
         "images": ["confusion_matrix", "misclassified", "<img"],

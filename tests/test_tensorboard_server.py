@@ -4,12 +4,11 @@ lists the run's scalar tags, the images (and serves them as PNG) and the HParams
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.parse
 import urllib.request
 
-from helpers import screenshots_script, small_config
+from helpers import QUIET, screenshots_script, small_config
 from engine.controller.trainer import train
 
 STARTUP_SECONDS = 60
@@ -41,7 +40,7 @@ def _wait_for(base, path, ready, server):
 
 def test_tensorboard_server_shows_scalars_images_and_hparams(tmp_path):
     logdir = tmp_path / "run"
-    train(small_config(logdir, train_steps=6, steps_per_loop=3, eval_every=3), out=open(os.devnull, "w"))
+    train(small_config(logdir, train_steps=6, steps_per_loop=3, eval_every=3), **QUIET)
     server, base = screenshots_script().start_tensorboard(str(logdir))
     try:
         scalar_tags = _wait_for(base, "/data/plugin/scalars/tags",

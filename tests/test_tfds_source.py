@@ -18,14 +18,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import REPO, run_cli, small_config, stream_eval_totals
+from helpers import QUIET, REPO, run_cli, small_config, stream_eval_totals
 from engine.config import Config
 from engine.controller.trainer import train
 from engine.data import sources
 from engine.errors import UserError
 from tasks import IdCountingTask
 
-QUIET = open(os.devnull, "w")
 NAMES = ["a", "b", "c"]
 SPLITS = {"train": (40, 0), "test": (11, 100), "validation": (13, 200)}  # split: (examples, first id)
 _BUILDERS = {}
@@ -139,7 +138,7 @@ def test_tfds_trains_end_to_end(data_dir, tmp_path):
     config = small_config(tmp_path / "run", dataset="tfds:tiny_shapes", data_dir=data_dir, global_batch=8,
                           train_steps=6, steps_per_loop=3, strategy="mirrored", cpu_replicas=2,
                           shuffle_buffer=16)
-    result = train(config, out=QUIET)
+    result = train(config, **QUIET)
     assert result.final_step == 6 and np.isfinite(result.eval_metrics["loss"])
     assert 0.0 <= result.eval_metrics["accuracy"] <= 1.0
 
