@@ -210,10 +210,9 @@ def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> 
     # Loops of about 0.4 s or more, so the host's work between loops (about 1.5 ms on 2 CPU cores:
     # the call, metric reads, the scalar write, progress) stays near 1 % of a loop as it is for a
     # user who sizes --steps_per_loop to the step (docs/runs.md): 1,000 steps per loop for steps
-    # under 2 ms, 100 under 25 ms, 10 for slower ones; the thresholds lie far from the CPU step times
-    # of the five models (0.4, 11, 45, 62 and 140 ms), which a single 3-step timing once put on both
-    # sides of a 1 ms and a 50 ms threshold. fit's steps_per_execution is swept up to the same
-    # number, so both amortise their per-call costs over equally long calls.
+    # under 2 ms, 100 under 25 ms, 10 for slower ones (thresholds far from the five models' CPU step
+    # times: 0.4, 11, 45, 62 and 140 ms). fit's steps_per_execution is swept up to the same number,
+    # so both amortise their per-call costs over equally long calls.
     spl = 1000 if rough < 0.002 else 100 if rough < 0.025 else 10
     loops = max(2, math.ceil((1.5 if quick else 4.0) / (spl * rough)))
     steps = spl * loops  # timed steps per engine run and per fit epoch
