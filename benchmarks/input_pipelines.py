@@ -54,8 +54,10 @@ def write_all(directory: str, count: int) -> dict:
             "tfrecord_raw": f"tfrecord:{directory}/raw/train-*,{directory}/raw/test-*"}
 
 
-def pipeline_rate(source, batches: int) -> float:
-    """Batches/s of the source's own training pipeline, one input pipeline, after 5 warm-up batches."""
+def pipeline_rate(source, batches: int) -> tuple[float, float]:
+    """(batches/s, CPU ms a batch) of the source's own training pipeline, one input pipeline, after 5
+    warm-up batches, over `batches` batches and at least a second. The CPU time is the whole process's (all of tf.data's threads): on a machine
+    with few cores it is what the pipeline takes from the step beside it."""
     if source.streamed:
         dataset = source.train_dataset_fn(GLOBAL_BATCH, seed=1)(tf.distribute.InputContext(1, 0, 1))
     else:
@@ -63,10 +65,11 @@ def pipeline_rate(source, batches: int) -> float:
     iterator = iter(dataset)
     for _ in range(5):
         next(iterator)
-    start = time.perf_counter()
-    for _ in range(batches):
+    start, cpu_start, count = time.perf_counter(), time.process_time(), 0
+    while count < batches or time.perf_counter() - start < 1.0:  # at least a second: a steady CPU figure
         next(iterator)
-    return batches / (time.perf_counter() - start)
+        count += 1
+    return count / (time.perf_counter() - start), (time.process_time() - cpu_start) * 1000 / count
 
 
 def step_rate(dataset: str, model: str, steps: int, directory: str) -> float:
@@ -120,8 +123,9 @@ def main():
         print("step     " + ", ".join(f"{m} {r:.1f} steps/s" for m, r in steps_per_sec.items())
               + " (engine, in-memory npz, one replica)")
         for kind, dataset in datasets.items():
-            rate = pipeline_rate(sources.load(Config(dataset=dataset, shuffle_buffer=2048)), batches)
-            print(f"{kind:13s}{rate:7.1f} batches/s alone = {rate * GLOBAL_BATCH:9,.0f} examples/s; "
+            rate, cpu_ms = pipeline_rate(sources.load(Config(dataset=dataset, shuffle_buffer=2048)), batches)
+            print(f"{kind:13s}{rate:7.1f} batches/s alone = {rate * GLOBAL_BATCH:9,.0f} examples/s, "
+                  f"{cpu_ms:5.2f} ms CPU a batch; "
                   + ", ".join(f"{rate / r:.2f}x the {m} step" for m, r in steps_per_sec.items()))
         # The engine training cnn from each, interleaved over the rounds; ratios paired within a round.
         runs = {name: [] for name, *_ in CNN_RUNS}
