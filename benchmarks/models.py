@@ -23,8 +23,9 @@ on in-memory data, one replica, float32, global batch as in WORKLOADS:
   * `model.fit` on the same model, loss, optimizer and tf.data pipeline, at steps_per_execution 1
     (its default) and at the best of 1/10/100/1,000 (up to the engine's steps per loop; the sweep
     only picks the setting, every round then times fit at it afresh).
-  Each round times every one of these once, in the same order (ROUND), so a burst of background
-  load hits all alike; ratios are taken within a round and summarised (median, lowest, highest)
+  Each round times every one of these once (round_order: the bare step, the engine and fit best
+  back to back, in alternating order), so a burst of background load hits all alike; ratios are
+  taken within a round and summarised (median, lowest, highest)
   over 3 rounds (--rounds; 1 with --quick). `--json=FILE` keeps every figure; `python -m
   benchmarks.models_table FILE` regenerates the docs' table from it.
   * training FLOPs per example, counted by TensorFlow's profiler on the bare step's graph, so the
@@ -170,8 +171,19 @@ def fit_rate(config, task_class, data, steps_per_execution, steps, epochs) -> fl
                                         config.global_batch, steps, epochs)
 
 
-# The measurements of one round, in the order they run; every round runs each once.
-ROUND = ("bare", "fed", "engine loop", "engine", "engine pipeline", "engine guarded", "fit best", "fit default")
+# The measurements of one round; every round runs each once. The three the targets pair (engine /
+# bare, engine / fit best) run back to back, forwards in even rounds and backwards in odd ones:
+# this machine's speed drifts by about +-10 % over tens of seconds (a fixed matmul timed every
+# second: docs/performance.md), so measurements far apart in a round pair different speeds, and in
+# a fixed order a steady drift always favours the same side. The others follow.
+PAIRED = ("bare", "engine", "fit best")
+OTHERS = ("fed", "engine loop", "engine pipeline", "engine guarded", "fit default")
+ROUND = PAIRED + OTHERS
+
+
+def round_order(index: int) -> tuple:
+    """The order of round `index`'s measurements (0-based)."""
+    return (PAIRED if index % 2 == 0 else PAIRED[::-1]) + OTHERS
 
 
 def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> dict:
@@ -226,20 +238,24 @@ def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> 
 
     # fit's steps_per_execution sweep only chooses the best setting: its winner's figure is the
     # highest of 2-3 noisy draws, which taken as a round's "fit best" would favour fit in that round.
-    # Then every round times each measurement once, in ROUND's order, so a burst of load hits all of
+    # Then every round times each measurement once, in round_order, so a burst of load hits all of
     # them alike, and the ratios are taken within a round (paired), then summarised over the rounds.
     sweep = {spe: fit_rate(config, task_class, data, spe, steps, fit_epochs)
              for spe in (1, 10, 100, 1000) if spe <= spl}
     best_spe = max(sweep, key=sweep.get)
     rounds = []
-    for _ in range(1 if quick else num_rounds):
-        measured = {key: batch / time_once() for key, time_once in step_timers().items()}
-        measured.update({"engine": engine_rate(),
-                         "engine pipeline": engine_rate(input_mode="distribute_dataset"),
-                         "engine guarded": engine_rate(on_nonfinite="skip")})
-        measured["fit best"] = fit_rate(config, task_class, data, best_spe, steps, fit_epochs)
-        measured["fit default"] = (measured["fit best"] if best_spe == 1
-                                   else fit_rate(config, task_class, data, 1, steps, fit_epochs))
+    for index in range(1 if quick else num_rounds):
+        timers = step_timers()
+        measure_once = {
+            **{key: lambda time_once=time_once: batch / time_once() for key, time_once in timers.items()},
+            "engine": engine_rate,
+            "engine pipeline": lambda: engine_rate(input_mode="distribute_dataset"),
+            "engine guarded": lambda: engine_rate(on_nonfinite="skip"),
+            "fit best": lambda: fit_rate(config, task_class, data, best_spe, steps, fit_epochs),
+            "fit default": lambda: fit_rate(config, task_class, data, 1, steps, fit_epochs)}
+        measured = {}
+        for key in round_order(index):
+            measured[key] = measured["fit best"] if key == "fit default" and best_spe == 1 else measure_once[key]()
         rounds.append(measured)
     column = {key: [r[key] for r in rounds] for key in ROUND}
     return dict(
