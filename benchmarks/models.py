@@ -207,10 +207,9 @@ def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> 
     def fresh_timer(key: str):
         """A timer of the bare step, the same step fed by the engine's input pipeline (next() inside
         the compiled loop) or the engine's loop on the constant batch, on a fresh model, optimizer
-        and traces, as every engine and fit run is, built right before it is timed: one compiled loop
-        kept for the whole process drifted by up to 30 % from round to round while fresh runs did
-        not, and a timer built before an engine and a fit run and timed after them ran at 0.6 of a
-        fresh one on resnet20 (docs/performance.md)."""
+        and traces, built right before it is timed, as every engine and fit run is: one compiled
+        loop kept for the whole process drifted by up to 30 % from round to round while fresh runs
+        did not (docs/performance.md, "How steady is the machine")."""
         if key == "engine loop":
             return engine_loop_timer(config, task_class, data, (features, labels), calls)
         task, model, optimizer = fresh_task(config, task_class, data)
