@@ -27,8 +27,8 @@ def drift(seconds: float, pause: float = 0.5, matmuls: int = 200) -> list:
     """Seconds per timing of the same loop of `matmuls` matmuls, one timing every `pause` s."""
     matrix = tf.Variable(tf.random.stateless_normal([512, 512], seed=[1, 2]))  # a variable: never constant-folded
     time_once = measure.call_timer(lambda: tf.reduce_mean(matrix @ matrix), matmuls)
-    timings, end = [], time.time() + seconds
-    while time.time() < end:
+    timings, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end:
         timings.append(time_once() * matmuls)
         time.sleep(pause)
     return timings
@@ -40,11 +40,11 @@ def main() -> None:
     args = parser.parse_args()
     timings = drift(args.seconds)
     median = statistics.median(timings)
-    steps = [b / a for a, b in zip(timings, timings[1:])]
+    changes = [b / a for a, b in zip(timings, timings[1:])]
     print(f"{len(timings)} timings of the same matmul loop over {args.seconds:.0f} s on {measure.device_description()}")
     print(f"  each / median: lowest {min(timings) / median:.2f}, highest {max(timings) / median:.2f}; "
           f"10th-90th percentile {_percentile(timings, 10) / median:.2f}-{_percentile(timings, 90) / median:.2f}")
-    print(f"  each / the one before: 10th-90th percentile {_percentile(steps, 10):.2f}-{_percentile(steps, 90):.2f}")
+    print(f"  each / the one before: 10th-90th percentile {_percentile(changes, 10):.2f}-{_percentile(changes, 90):.2f}")
     thirds = [statistics.median(timings[i * len(timings) // 3:(i + 1) * len(timings) // 3]) / median for i in range(3)]
     print("  median of each third / median: " + ", ".join(f"{t:.2f}" for t in thirds))
 

@@ -11,8 +11,8 @@ a warm-up, against the engine's training step rate on the same data (the seed `c
 one replica, measured by a short run). A ratio above 1 means the input keeps up with the step.
 Then the engine training the cnn from each stored form (240 steps a run: shorter runs swung by
 +-20 %), interleaved over 5 rounds (in memory and raw-tensor TFRecords back to back, in
-alternating order): TFRecords decoded a batch at a time (the engine) and record by record (as before), and tf.data autotuning of
-the engine's pipelines on and off (engine/data/formats.AUTOTUNE_PIPELINES), each against in memory.
+alternating order): TFRecords decoded a batch at a time (the engine) and record by record (as
+before), and tf.data autotuning of the engine's pipelines on and off (engine/data/formats.AUTOTUNE_PIPELINES), each against in memory.
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ def write_all(directory: str, count: int) -> dict:
 
 def pipeline_rate(source, batches: int) -> tuple[float, float]:
     """(batches/s, CPU ms a batch) of the source's own training pipeline, one input pipeline, after 5
-    warm-up batches, over `batches` batches and at least a second. The CPU time is the whole process's (all of tf.data's threads): on a machine
-    with few cores it is what the pipeline takes from the step beside it."""
+    warm-up batches, over `batches` batches and at least a second. The CPU time is the whole
+    process's (all of tf.data's threads): on a machine with few cores it is what the pipeline takes
+    from the step beside it."""
     if source.streamed:
         dataset = source.train_dataset_fn(GLOBAL_BATCH, seed=1)(tf.distribute.InputContext(1, 0, 1))
     else:
@@ -100,8 +101,8 @@ def trained_rate(dataset: str, model: str, steps: int, directory: str, autotune:
 
 
 # The engine runs of one round of the cnn comparison: (name, data kind, autotune, record by record).
-# The pair the target judges runs back to back, forwards in even rounds and backwards in odd ones
-# (the machine's speed drifts: benchmarks/models.round_order); the others follow.
+# The pair the target judges runs back to back in alternating order (measure.alternated); the
+# others follow.
 CNN_PAIR = (("in memory", "npz", False, False), ("TFRecord tensors", "tfrecord_raw", False, False))
 CNN_OTHERS = (("in memory, autotune", "npz", True, False),
               ("TFRecord PNG", "tfrecord", False, False), ("TFRecord PNG, autotune", "tfrecord", True, False),
@@ -132,7 +133,7 @@ def main():
         # The engine training cnn from each, interleaved over the rounds; ratios paired within a round.
         runs = {name: [] for name, *_ in CNN_PAIR + CNN_OTHERS}
         for index in range(rounds):
-            for name, kind, autotune, per_record in (CNN_PAIR if index % 2 == 0 else CNN_PAIR[::-1]) + CNN_OTHERS:
+            for name, kind, autotune, per_record in measure.alternated(CNN_PAIR, index) + CNN_OTHERS:
                 runs[name].append(trained_rate(datasets[kind], "cnn", steps, directory, autotune, per_record))
         print(f"\ntrain cnn (engine, one replica, {steps} steps; medians of {rounds} interleaved round(s); "
               "ratio: to in memory in the same round, median (lowest-highest))")

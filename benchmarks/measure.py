@@ -96,6 +96,13 @@ def seconds_per_call(body, calls: int = 50, timings: int = 5) -> float:
     return min(time_once() for _ in range(timings))
 
 
+def alternated(paired: tuple, index: int) -> tuple:
+    """`paired` forwards in even rounds and backwards in odd ones (`index` from 0): measurements
+    compared with each other run back to back, and a steady drift of the machine's speed
+    (benchmarks/drift.py) favours neither side over two rounds."""
+    return paired if index % 2 == 0 else paired[::-1]
+
+
 def spread(values) -> dict:
     """Median, lowest and highest of repeated measurements (e.g. per-round paired ratios)."""
     return dict(median=statistics.median(values), low=min(values), high=max(values))

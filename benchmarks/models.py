@@ -172,10 +172,9 @@ def fit_rate(config, task_class, data, steps_per_execution, steps, epochs) -> fl
 
 
 # The measurements of one round; every round runs each once. The three the targets pair (engine /
-# bare, engine / fit best) run back to back, forwards in even rounds and backwards in odd ones:
-# this machine's speed drifts by about +-10 % over tens of seconds (a fixed matmul timed every
-# second: docs/performance.md), so measurements far apart in a round pair different speeds, and in
-# a fixed order a steady drift always favours the same side. The others follow.
+# bare, engine / fit best) run back to back in alternating order (measure.alternated): this
+# machine's speed drifts by about +-10 % over tens of seconds (benchmarks/drift.py,
+# docs/performance.md), so measurements far apart in a round pair different speeds. The others follow.
 PAIRED = ("bare", "engine", "fit best")
 OTHERS = ("fed", "engine loop", "engine pipeline", "engine guarded", "fit default")
 ROUND = PAIRED + OTHERS
@@ -183,7 +182,7 @@ ROUND = PAIRED + OTHERS
 
 def round_order(index: int) -> tuple:
     """The order of round `index`'s measurements (0-based)."""
-    return (PAIRED if index % 2 == 0 else PAIRED[::-1]) + OTHERS
+    return measure.alternated(PAIRED, index) + OTHERS
 
 
 def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> dict:
