@@ -24,6 +24,7 @@ from __future__ import annotations
 import warnings
 
 import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops
 
 from engine import refused_combinations, update
 from engine.errors import UserError
@@ -31,6 +32,44 @@ from engine.errors import UserError
 # Iterating a distributed dataset inside tf.function makes tf.data warn about options it cannot
 # see at trace time; the engine sets its options before distributing, so the warning is noise.
 warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
+
+
+def _custom_gradient_registry():
+    """TensorFlow's global {name: gradient function} registry, or None where this version keeps it
+    elsewhere (then nothing is dropped: the memory below is kept, nothing breaks)."""
+    return getattr(getattr(tf_ops, "_gradient_registry", None), "_registry", None)
+
+
+def released_after_tracing(function):
+    """`function` (a tf.function) with the custom gradients its tracing registered dropped after
+    each call.
+
+    An all-reduce in replica context (the engine's gradient sum, Task.all_reduce, synchronised batch
+    norm) is a `tf.custom_gradient`, which registers its gradient in TensorFlow's global registry
+    with tensors of the graph being traced in its closure: every loop ever traced stayed in memory
+    with its whole graph (TF issue 97697; here about 75 MB a train() of the cnn, so a sweep of runs
+    in one process grew without bound). A registration serves only while its graph's gradients are
+    built, i.e. during the trace: once the call returns no one needs it. A call that traces nothing
+    registers nothing and costs one dict lookup."""
+
+    def call(*args):
+        registry = _custom_gradient_registry()
+        last = next(reversed(registry), None) if registry else None
+        try:
+            return function(*args)
+        finally:
+            if registry and next(reversed(registry)) != last:
+                new = []
+                for name in reversed(registry):  # insertion order: this call's are at the end
+                    if name == last:
+                        break
+                    new.append(name)
+                for name in new:
+                    if str(name).startswith("CustomGradient-"):
+                        del registry[name]
+
+    call.experimental_get_tracing_count = function.experimental_get_tracing_count
+    return call
 
 
 def _check_names(outputs, names, step_name):
@@ -252,7 +291,7 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
             result["gradients"] = last
         return result
 
-    compiled = [tf.function(train_loop)]
+    compiled = [released_after_tracing(tf.function(train_loop))]
 
     def run(iterator, num_steps):
         try:
@@ -261,7 +300,7 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
             # The step all-reduces (Task.all_reduce) inside the micro-batch while_loop, where
             # MirroredStrategy cannot: trace again with the micro-batches unrolled (nothing ran yet).
             replica_step.unrolled = True
-            compiled[0] = tf.function(train_loop)
+            compiled[0] = released_after_tracing(tf.function(train_loop))
             return compiled[0](iterator, num_steps)
 
     run.experimental_get_tracing_count = lambda: compiled[0].experimental_get_tracing_count()
@@ -280,7 +319,6 @@ def make_eval_loop(strategy, task, progress=None):
         examples = tf.cast(tf.shape(tf.nest.flatten(batch)[0])[0], tf.float32)
         return tf.concat([_stacked(task_step(batch), names), [examples]], 0)
 
-    @tf.function
     def eval_loop(distributed_dataset):
         totals = tf.zeros([2 * len(names) + 1])
         for batch in distributed_dataset:
@@ -289,7 +327,7 @@ def make_eval_loop(strategy, task, progress=None):
                 progress.assign_add(1)
         return {"totals": _unstacked(totals[:-1], names), "examples": totals[-1]}
 
-    return eval_loop
+    return released_after_tracing(tf.function(eval_loop))
 
 
 def ratios(totals) -> dict:
