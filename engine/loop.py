@@ -50,7 +50,9 @@ def released_after_tracing(function):
     with its whole graph (TF issue 97697; here about 75 MB a train() of the cnn, so a sweep of runs
     in one process grew without bound). A registration serves only while its graph's gradients are
     built, i.e. during the trace: once the call returns no one needs it. A call that traces nothing
-    registers nothing and costs one dict lookup."""
+    registers nothing and costs one dict lookup. It drops every registration made during the call,
+    so a trace running at the same time in another thread of the process (the engine never does;
+    its replica threads trace inside this call) could lose its own."""
 
     def call(*args):
         registry = _custom_gradient_registry()
