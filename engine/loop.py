@@ -36,7 +36,7 @@ warnings.filterwarnings("ignore", message="To make it possible to preserve tf.da
 
 def _custom_gradient_registry():
     """TensorFlow's global {name: gradient function} registry, or None where this version keeps it
-    elsewhere (then nothing is dropped: the memory below is kept, nothing breaks)."""
+    elsewhere (then nothing is dropped: each traced loop's graph stays in memory, nothing breaks)."""
     return getattr(getattr(tf_ops, "_gradient_registry", None), "_registry", None)
 
 
