@@ -21,6 +21,7 @@ the step counts (its batch is consumed) but its metrics do not, and its update n
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import tensorflow as tf
@@ -60,13 +61,8 @@ def released_after_tracing(function):
         try:
             return function(*args)
         finally:
-            if registry and next(reversed(registry)) != last:
-                new = []
-                for name in reversed(registry):  # insertion order: this call's are at the end
-                    if name == last:
-                        break
-                    new.append(name)
-                for name in new:
+            if registry and next(reversed(registry)) != last:  # insertion order: this call's are at the end
+                for name in list(itertools.takewhile(lambda name: name != last, reversed(registry))):
                     if str(name).startswith("CustomGradient-"):
                         del registry[name]
 
@@ -293,7 +289,10 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
             result["gradients"] = last
         return result
 
-    compiled = [released_after_tracing(tf.function(train_loop))]
+    def compile_loop():
+        return released_after_tracing(tf.function(train_loop))
+
+    compiled = [compile_loop()]
 
     def run(iterator, num_steps):
         try:
@@ -302,7 +301,7 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
             # The step all-reduces (Task.all_reduce) inside the micro-batch while_loop, where
             # MirroredStrategy cannot: trace again with the micro-batches unrolled (nothing ran yet).
             replica_step.unrolled = True
-            compiled[0] = released_after_tracing(tf.function(train_loop))
+            compiled[0] = compile_loop()
             return compiled[0](iterator, num_steps)
 
     run.experimental_get_tracing_count = lambda: compiled[0].experimental_get_tracing_count()
