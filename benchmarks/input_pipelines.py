@@ -12,7 +12,9 @@ one replica, measured by a short run). A ratio above 1 means the input keeps up 
 Then the engine training the cnn from each stored form (240 steps a run: shorter runs swung by
 +-20 %), interleaved over 5 rounds (in memory and raw-tensor TFRecords back to back, in
 alternating order): TFRecords decoded a batch at a time (the engine) and record by record (as
-before), and tf.data autotuning of the engine's pipelines on and off (engine/data/formats.AUTOTUNE_PIPELINES), each against in memory.
+before), tf.data autotuning of the engine's pipelines on and off (engine/data/formats.AUTOTUNE_PIPELINES),
+TFRecords read into memory at start-up (--input_mode=resident), and in-memory data through a
+tf.data pipeline (--input_mode=distribute_dataset), each against in memory.
 """
 
 from __future__ import annotations
@@ -73,16 +75,16 @@ def pipeline_rate(source, batches: int) -> tuple[float, float]:
     return count / (time.perf_counter() - start), (time.process_time() - cpu_start) * 1000 / count
 
 
-def step_rate(dataset: str, model: str, steps: int, directory: str) -> float:
+def step_rate(dataset: str, model: str, steps: int, directory: str, input_mode: str = "auto") -> float:
     """Training steps/s of the engine on `dataset` (one replica; the first loop, with tracing, left out)."""
-    config = Config(dataset=dataset, model=model, global_batch=GLOBAL_BATCH, train_steps=steps,
+    config = Config(dataset=dataset, model=model, global_batch=GLOBAL_BATCH, train_steps=steps, input_mode=input_mode,
                     steps_per_loop=steps // 4, summaries="basic", export=False, seed=1, eval_every=steps,
                     model_dir=tempfile.mkdtemp(dir=directory))
     return train(config, out=open(os.devnull, "w")).train_examples_per_sec / GLOBAL_BATCH
 
 
 def trained_rate(dataset: str, model: str, steps: int, directory: str, autotune: bool = False,
-                 record_by_record: bool = False) -> float:
+                 record_by_record: bool = False, input_mode: str = "auto") -> float:
     """step_rate with tf.data autotuning of the engine's pipelines on or off, and TFRecords of the
     default schema decoded a batch at a time (the engine's way) or record by record (the old way)."""
     saved = formats.AUTOTUNE_PIPELINES, sources.SOURCE_KINDS["tfrecord"]
@@ -95,20 +97,23 @@ def trained_rate(dataset: str, model: str, steps: int, directory: str, autotune:
 
         sources.SOURCE_KINDS["tfrecord"] = load_record_by_record
     try:
-        return step_rate(dataset, model, steps, directory)
+        return step_rate(dataset, model, steps, directory, input_mode)
     finally:
         formats.AUTOTUNE_PIPELINES, sources.SOURCE_KINDS["tfrecord"] = saved
 
 
-# The engine runs of one round of the cnn comparison: (name, data kind, autotune, record by record).
-# The pair the target judges runs back to back in alternating order (measure.alternated); the
-# others follow.
-CNN_PAIR = (("in memory", "npz", False, False), ("TFRecord tensors", "tfrecord_raw", False, False))
-CNN_OTHERS = (("in memory, autotune", "npz", True, False),
-              ("TFRecord PNG", "tfrecord", False, False), ("TFRecord PNG, autotune", "tfrecord", True, False),
-              ("TFRecord PNG, per record", "tfrecord", False, True),
-              ("TFRecord tensors, autotune", "tfrecord_raw", True, False),
-              ("TFRecord tensors, per record", "tfrecord_raw", False, True))
+# The engine runs of one round of the cnn comparison: (name, data kind, autotune, record by record,
+# --input_mode). The pair the target judges runs back to back in alternating order
+# (measure.alternated); the others follow.
+CNN_PAIR = (("in memory", "npz", False, False, "auto"), ("TFRecord tensors", "tfrecord_raw", False, False, "auto"))
+CNN_OTHERS = (("in memory, autotune", "npz", True, False, "auto"),
+              ("in memory, tf.data pipeline", "npz", False, False, "distribute_dataset"),
+              ("TFRecord tensors, read into memory", "tfrecord_raw", False, False, "resident"),
+              ("TFRecord PNG", "tfrecord", False, False, "auto"), ("TFRecord PNG, autotune", "tfrecord", True, False, "auto"),
+              ("TFRecord PNG, per record", "tfrecord", False, True, "auto"),
+              ("TFRecord PNG, read into memory", "tfrecord", False, False, "resident"),
+              ("TFRecord tensors, autotune", "tfrecord_raw", True, False, "auto"),
+              ("TFRecord tensors, per record", "tfrecord_raw", False, True, "auto"))
 
 
 def main():
@@ -133,13 +138,13 @@ def main():
         # The engine training cnn from each, interleaved over the rounds; ratios paired within a round.
         runs = {name: [] for name, *_ in CNN_PAIR + CNN_OTHERS}
         for index in range(rounds):
-            for name, kind, autotune, per_record in measure.alternated(CNN_PAIR, index) + CNN_OTHERS:
-                runs[name].append(trained_rate(datasets[kind], "cnn", steps, directory, autotune, per_record))
+            for name, kind, autotune, per_record, input_mode in measure.alternated(CNN_PAIR, index) + CNN_OTHERS:
+                runs[name].append(trained_rate(datasets[kind], "cnn", steps, directory, autotune, per_record, input_mode))
         print(f"\ntrain cnn (engine, one replica, {steps} steps; medians of {rounds} interleaved round(s); "
               "ratio: to in memory in the same round, median (lowest-highest))")
         for name, rates in runs.items():
             paired = measure.spread([r / m for r, m in zip(rates, runs["in memory"])])
-            print(f"   {name:30s} {statistics.median(rates) * GLOBAL_BATCH:9,.0f} examples/s  "
+            print(f"   {name:36s} {statistics.median(rates) * GLOBAL_BATCH:9,.0f} examples/s  "
                   f"{models_table.ratio(paired)}")
     finally:
         shutil.rmtree(directory, ignore_errors=True)

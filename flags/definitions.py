@@ -120,12 +120,14 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         lower_bound=0.0, **f)
     absl_flags.DEFINE_enum(
         "input_mode", "auto", INPUT_MODES,
-        "How an in-memory source's training data reaches the replicas (streamed sources always build "
-        "one pipeline per worker): auto (resident, or distribute_dataset when the Task augments each example), distribute_dataset (one pipeline of global "
+        "How an in-memory source's training data reaches the replicas (streamed sources build "
+        "one pipeline per worker unless resident): auto (resident, or distribute_dataset when the Task augments each example), distribute_dataset (one pipeline of global "
         "batches, split by strategy.experimental_distribute_dataset), per_worker (each worker "
         "builds its own pipeline of per-replica batches, strategy.distribute_datasets_from_function) "
-        "or resident (in-memory sources only: the training arrays in every replica's device memory, "
-        "each batch gathered inside the compiled loop; the same batches, no tf.data).", **f)
+        "or resident (the training arrays in every replica's device memory, "
+        "each batch gathered inside the compiled loop; the same batches, no tf.data; a streamed source "
+        "(tfrecord:, images:, tfds:) is then read and decoded whole at start-up, up to 1 GiB, and "
+        "drawn in the order of in-memory data).", **f)
     # Data.
     absl_flags.DEFINE_string(
         "dataset", "mnist",

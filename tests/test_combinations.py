@@ -66,8 +66,7 @@ def refused(row: dict) -> bool:
     `row` may be partial: True once the values it holds are refused whatever the others are."""
     return (row.get("xla") == "jit" and row.get("model") == "cnn_bn"
             and row.get("strategy", "").startswith("mirrored")) or \
-        (row.get("loss_bound") == "bounded" and row.get("on_nonfinite") == "skip") or \
-        (row.get("input") == "resident" and row.get("data") == "tfrecord")
+        (row.get("loss_bound") == "bounded" and row.get("on_nonfinite") == "skip")
 
 
 def _pairs(row: dict) -> set:
@@ -119,8 +118,7 @@ ROWS = covering_rows()
 # Beyond pairs: the triple issue 16 reported (it crashed in the batch norm's all-reduce).
 TRAINED_ROWS = ROWS + [dict(ROWS[0], strategy="mirrored2", model="cnn_bn", accum="accum2")]
 REFUSED_ROWS = [dict(ROWS[0], strategy=s, model="cnn_bn", xla="jit") for s in ("mirrored1", "mirrored2")] + [
-    dict(ROWS[0], loss_bound="bounded", on_nonfinite="skip", xla="nojit"),
-    dict(ROWS[0], data="tfrecord", input="resident", loss_bound="unbounded", xla="nojit")]
+    dict(ROWS[0], loss_bound="bounded", on_nonfinite="skip", xla="nojit")]
 
 
 @pytest.mark.fast
@@ -175,8 +173,7 @@ def test_refused_combination_says_so_in_one_line(row, cli_runs):
     assert len(errors) == 1 and proc.stderr.strip().splitlines()[-1] == errors[0], explain(proc)
     assert "Traceback" not in proc.stderr
     expected = ("--loss_upper_bound", "--on_nonfinite=skip") if row["loss_bound"] == "bounded" else (
-        ("--input_mode=resident", "streamed") if row["input"] == "resident" else (
-            "--jit_compile", "--strategy=mirrored", "cnn_bn"))
+        "--jit_compile", "--strategy=mirrored", "cnn_bn")
     assert all(part in errors[0] for part in expected), errors[0]
     assert not any(line.startswith("done") for line in proc.stdout.splitlines())  # refused, not trained
 

@@ -1,7 +1,7 @@
 """--input_mode=resident (engine/data/resident.py): the training arrays in every replica's memory,
 batches gathered inside the compiled loop. It trains bit for bit like the tf.data pipeline (same
-examples, same augmentation seeds, any replica count, accumulation), resumes exactly, and a
-streamed source is refused in one line. Rollback: tests/test_rollback.py; two workers:
+examples, same augmentation seeds, any replica count, accumulation), resumes exactly, and reads
+a streamed source into memory exactly as the stream decodes it. Rollback: tests/test_rollback.py; two workers:
 tests/test_multi_worker.py; with every other feature: tests/test_combinations.py."""
 
 from __future__ import annotations
@@ -47,9 +47,60 @@ def test_resident_resumes_exactly(tmp_path, replicas):
         np.testing.assert_array_equal(value, straight[name], err_msg=name)
 
 
-def test_a_streamed_source_is_refused(tmp_path):
-    with pytest.raises(UserError, match=r"--input_mode=resident .* is streamed from files"):
-        train(small_config(tmp_path / "run", dataset=id_shards(tmp_path / "data"), input_mode="resident"), **QUIET)
+def _image_shards(directory, png: bool):
+    """TFRecords of 40 train and 12 test 16x16 grey images whose pixels take every uint8 value."""
+    from engine.data import tfrecord
+
+    pixels = (np.arange(52 * 256) % 256).astype(np.uint8).reshape(52, 16, 16)
+    labels = np.arange(52) % 3
+    tfrecord.write_shards(str(directory), "train", pixels[:40], labels[:40], 4, png=png)
+    tfrecord.write_shards(str(directory), "test", pixels[40:], labels[40:], 2, png=png)
+    return f"tfrecord:{directory}/train-*,{directory}/test-*", pixels, labels
+
+
+@pytest.mark.parametrize("png", [True, False], ids=["png_records", "tensor_records"])
+def test_a_streamed_source_is_read_into_memory_as_the_stream_decodes_it(tmp_path, png):
+    from engine.config import Config
+    from engine.data import sources
+
+    dataset, pixels, labels = _image_shards(tmp_path / "data", png)
+    streamed = sources.load(Config(dataset=dataset))
+    loaded = sources.load(Config(dataset=dataset, input_mode="resident"))
+    assert streamed.streamed and not loaded.streamed
+    # Round-robin shards read one record of each in turn: the files' examples in the order written,
+    # kept as the raw uint8 pixels (every value scaled back exactly from the decoder's x / 255).
+    stored = pixels[..., None] if png else pixels  # a PNG holds a channel axis
+    np.testing.assert_array_equal(loaded.x_train, stored[:40])
+    np.testing.assert_array_equal(loaded.x_test, stored[40:])
+    np.testing.assert_array_equal(loaded.y_train, labels[:40])
+    assert loaded.spec == streamed.spec
+    # What the step sees: the streamed decoder's examples, bit for bit.
+    for (x, y), (xs, ys) in zip(loaded.test_batches(5), streamed.test_batches(5)):
+        np.testing.assert_array_equal(x, xs)
+        np.testing.assert_array_equal(y, ys)
+
+
+def test_tfrecords_trained_from_memory_resume_exactly_and_refuse_the_streamed_order(tmp_path):
+    dataset = id_shards(tmp_path / "data")
+    config = small_config(tmp_path / "stopped", dataset=dataset, model="mlp", input_mode="resident", global_batch=32,
+                          train_steps=14, steps_per_loop=3, deterministic=True, eval_every=-1)
+    train(config.replace(train_steps=8), **QUIET)  # 6 batches an epoch: stops inside the second
+    with pytest.raises(UserError, match=r"drawn from memory .* draws it streamed .* --input_mode"):
+        train(config.replace(input_mode="auto"), **QUIET)
+    assert train(config, **QUIET).start_step == 8
+    train(config.replace(model_dir=str(tmp_path / "straight")), **QUIET)
+    stopped, straight = checkpoint_state(tmp_path / "stopped"), checkpoint_state(tmp_path / "straight")
+    assert sorted(stopped) == sorted(straight)
+    for name, value in stopped.items():
+        np.testing.assert_array_equal(value, straight[name], err_msg=name)
+
+
+def test_a_streamed_source_over_the_memory_limit_is_refused_before_reading(tmp_path, monkeypatch):
+    from engine.data import into_memory
+
+    monkeypatch.setattr(into_memory, "MAX_IN_MEMORY_BYTES", 1000)
+    with pytest.raises(UserError, match=r"--input_mode=resident: TFRecords .* 1,201 examples, .* over the .* drop --input_mode"):
+        train(small_config(tmp_path / "run", dataset=id_shards(tmp_path / "data"), model="mlp", input_mode="resident"), **QUIET)
 
 
 def test_auto_is_resident_unless_the_task_augments_each_example(tmp_path):

@@ -1,9 +1,11 @@
 """The run's configuration is part of the run: `model_dir/config.json`.
 
 A fresh run (no checkpoint yet) records its flags there (chief only). A resumed run compares the
-flags that decide what the checkpoint and the data mean (RECORDED_IDENTITY), and the data's class
-names when the source has them (`class_names`, e.g. the folders of --dataset=images:DIR), with the
-record and stops with a UserError naming each difference, unless --allow_config_change. Other flags
+flags that decide what the checkpoint and the data mean (RECORDED_IDENTITY) and facts of the data
+(DATA_FACTS: its class names when the source has them, e.g. the folders of --dataset=images:DIR;
+whether its order is a stream's or in-memory arrays', which --input_mode=resident changes for a
+streamed source) with the record, and stops with a UserError naming each difference, unless
+--allow_config_change. Other flags
 (train_steps, steps_per_loop, ...) may change between a run and its resumption. Keys the record
 has and this engine does not know are ignored, so older or newer records still load.
 """
@@ -97,23 +99,42 @@ def _shown(names, most: int = 12) -> str:
     return ", ".join(names[:most]) + (f", ... ({len(names)} in all)" if len(names) > most else "")
 
 
-def check_class_names(config, class_names) -> bool:
-    """Stops a resumed run whose data names its classes otherwise than the record (a class folder
-    added, removed or renamed: the same label would mean another class), unless allowed.
+# Facts of the data a run records beside its flags, and what changing one under a checkpoint means.
+DATA_FACTS = {
+    "class_names": ("was trained on classes [{recorded}] but --dataset={dataset} has [{current}]",
+                    "restore the class folders"),
+    "data_order": ("was trained on data drawn {recorded} but this run draws it {current} (another order "
+                   "of examples: the resume would not be exact)", "resume with that run's --input_mode"),
+}
 
-    Returns whether they changed (allowed): the record is then rewritten."""
-    if not class_names or not _has_checkpoint(config.model_dir):
+
+def data_order(source) -> str:
+    """How a source's examples are ordered: a stream's shuffle buffer, or a permutation of arrays
+    (every --input_mode of an in-memory source draws the same batches)."""
+    return "streamed (shuffle buffer)" if source.streamed else "from memory (a permutation an epoch)"
+
+
+def check_data_facts(config, facts: dict) -> bool:
+    """Stops a resumed run whose data differs from the record in a DATA_FACTS fact (e.g. a class
+    folder added, removed or renamed: the same label would mean another class), unless allowed.
+
+    Returns whether one changed (allowed): the record is then rewritten."""
+    if not _has_checkpoint(config.model_dir):
         return False
-    record = _read_record(config.model_dir)
-    recorded = record.get("class_names") if record else None
-    if recorded is None or list(recorded) == list(class_names):
-        return False
-    if not config.allow_config_change:
+    record = _read_record(config.model_dir) or {}
+    changed = [name for name, value in facts.items()
+               if value and record.get(name) is not None and record[name] != value]
+    if changed and not config.allow_config_change:
+        name = changed[0]
+        what, remedy = DATA_FACTS[name]
+        def shown(value):
+            return _shown(value) if isinstance(value, list) else value
+
         raise UserError(
-            f"--model_dir={config.model_dir} was trained on classes [{_shown(recorded)}] but "
-            f"--dataset={config.dataset} has [{_shown(class_names)}] (recorded in {path(config.model_dir)}); "
-            "restore the class folders, use a new --model_dir, or pass --allow_config_change")
-    return True
+            f"--model_dir={config.model_dir} " + what.format(recorded=shown(record[name]), current=shown(facts[name]),
+                                                             dataset=config.dataset)
+            + f" (recorded in {path(config.model_dir)}); {remedy}, use a new --model_dir, or pass --allow_config_change")
+    return bool(changed)
 
 
 def write(config, extra: dict) -> str:

@@ -86,7 +86,8 @@ def _setup(config, out):
     job.seed_everything(seed, config.deterministic)
 
     task_class, data, steps_per_epoch = job.load_data(config)
-    classes_changed = run_record.check_class_names(config, data.spec.class_names)
+    data_facts = {"class_names": list(data.spec.class_names or []), "data_order": run_record.data_order(data)}
+    data_changed = run_record.check_data_facts(config, data_facts)
     eval_every = config.eval_every
     if cluster is not None and cluster.has_evaluator and eval_every >= 0:
         eval_every = -1  # the sidecar evaluates each checkpoint; never both
@@ -116,10 +117,10 @@ def _setup(config, out):
         action.resume_at(start_step)
     input_mode = resolved_input_mode(config, data, augmented=task.example_augmentation(task.seed) is not None)
     report.banner(config, placement, data, per_replica, schedule, task.seed, task.model, start_step, out, input_mode)
-    run_facts = {"engine_version": __version__, "replicas": placement.num_replicas, "effective_seed": task.seed}
-    if data.spec.class_names:
-        run_facts["class_names"] = list(data.spec.class_names)  # label i is class_names[i]
-    if placement.is_chief and (start_step == 0 or config_changes or classes_changed):
+    run_facts = {"engine_version": __version__, "replicas": placement.num_replicas, "effective_seed": task.seed,
+                 # class_names: label i is class_names[i] (when the source names its classes)
+                 **{name: value for name, value in data_facts.items() if value}}
+    if placement.is_chief and (start_step == 0 or config_changes or data_changed):
         run_record.write(config, run_facts)
     return _Run(config=config, out=out, started=started, placement=placement, data=data, schedule=schedule,
                 task=task, state=state, run_facts=run_facts, start_step=start_step, checkpoint_path=checkpoint_path,

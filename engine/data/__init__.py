@@ -1,7 +1,7 @@
 """Data: where examples come from and how they reach the replicas.
 
 Imports run one way (no cycles; tests/test_import_graph.py checks): formats, spec, readers are
-leaves; arrays, streams, task_data build on them (resident on arrays); the source modules build on those; sources.py
+leaves; arrays, streams, task_data build on them (resident on arrays, into_memory on both); the source modules build on those; sources.py
 dispatches `--dataset` to them; pipelines.py distributes what a source gives. Nothing here imports
 the Task: the controller hands the Task's augmentation to the pipeline.
 
@@ -17,6 +17,7 @@ the Task: the controller hands the Task's augmentation to the pipeline.
   tfds_source.py    --dataset=tfds:NAME[:CONFIG], a prepared TensorFlow Datasets builder
   text.py           --dataset=text:PATH, byte tokens and their next bytes
   task_data.py      a Task's own pipelines (Task.datasets)
+  into_memory.py    --input_mode=resident for a streamed source: read and decoded whole into an ArraySource
   sources.py        --dataset -> the loader of its kind (a dispatch table), validated
   pipelines.py      tf.data at the GLOBAL batch split across replicas and workers
 """

@@ -11,7 +11,8 @@ Built-in names (in memory): mnist, fashion_mnist, synthetic. Sources with an arg
   text:PATH                         UTF-8 text (a file, a directory or a glob of files) as windows of
                                     --seq_len byte tokens and their next bytes, in memory (engine/data/text.py)
 A source is an `ArraySource` (engine/data/arrays.py) or a `StreamSource` (engine/data/streams.py):
-both give `spec` (a DataSpec), `num_train`, `num_test` and their pipelines.
+both give `spec` (a DataSpec), `num_train`, `num_test` and their pipelines. With
+--input_mode=resident a streamed source is read whole into an ArraySource (engine/data/into_memory.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import os
 
 from engine.config import DATASETS
-from engine.data import builtin, image_folders, text, tfds_source, tfrecord
+from engine.data import builtin, image_folders, into_memory, text, tfds_source, tfrecord
 from engine.data.task_data import TaskSource
 from engine.errors import UserError
 
@@ -67,6 +68,8 @@ def load(config, parse_example=None):
     else:
         source = SOURCE_KINDS[kind](argument, config, parse_example)
     _check_options(config, source)
+    if config.input_mode == "resident" and source.streamed:
+        source = into_memory.read_whole(source)  # every record decoded once, then trained from memory
     return source
 
 
@@ -81,9 +84,6 @@ def _check_image_options(config, kind) -> None:
 
 
 def _check_options(config, source) -> None:
-    if config.input_mode == "resident" and source.streamed:
-        raise UserError(f"--input_mode=resident holds an in-memory source's arrays on the devices; {source.where} "
-                        "is streamed from files: drop --input_mode (or use an in-memory source, e.g. npz:PATH)")
     if config.num_classes and source.spec.num_classes not in (None, config.num_classes):
         raise UserError(f"--num_classes={config.num_classes} but {source.where} has "
                         f"{source.spec.num_classes} classes")

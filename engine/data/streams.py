@@ -167,16 +167,18 @@ class StreamSource:
                 self.decode_batch, num_parallel_calls=tf.data.AUTOTUNE)
         return records.map(self.decode, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size, drop_remainder=drop_remainder)
 
-    def _local(self, units, batch_size):
-        return self._batched(self._records(units, False, 0, 1), batch_size).prefetch(2)
+    def decoded_batches(self, split: str, batch_size: int):
+        """Every example of `split` ("train" or "test") once, in file order, as decoded NumPy (x, y)
+        batches on this host (no collective)."""
+        units = self.train_units if split == "train" else self.test_units
+        for x, y in self._batched(self._records(units, False, 0, 1), batch_size).prefetch(2):
+            yield x.numpy(), y.numpy()
 
     def preview(self, count: int):
-        x, y = next(iter(self._local(self.train_units, count)))
-        return x.numpy(), y.numpy()
+        return next(self.decoded_batches("train", count))
 
     def test_batches(self, batch_size: int):
-        for x, y in self._local(self.test_units, batch_size):
-            yield x.numpy(), y.numpy()
+        return self.decoded_batches("test", batch_size)
 
 
 def check_not_empty(where: str, split: str, count: int) -> int:
