@@ -270,3 +270,9 @@ def test_task_brings_its_own_datasets(tmp_path, replicas):
                                 learning_rate=0.01), **QUIET)
     assert result.final_step == 30
     assert result.eval_metrics["accuracy"] > 0.6  # 4 classes by sign pattern: learnable, far above 0.25
+
+
+@pytest.mark.fast
+def test_a_task_with_its_own_datasets_refuses_to_be_read_into_memory(tmp_path):
+    with pytest.raises(UserError, match=r"--input_mode=resident .* OwnDataTask.datasets\(\) builds its own"):
+        train(small_config(tmp_path, task=f"{TEST_TASKS}:OwnDataTask", model="mlp", input_mode="resident"), **QUIET)

@@ -33,6 +33,9 @@ def load_for_task(config, task_class):
     own = task_class.datasets(config)
     if own is None:
         return load(config, parse_example=task_class.parse_example)
+    if config.input_mode == "resident":
+        raise UserError(f"--input_mode=resident reads a --dataset into memory, but {task_class.__name__}.datasets() "
+                        "builds its own tf.data pipelines, which the engine streams: drop --input_mode")
     return TaskSource(task_class.__name__, own)
 
 
