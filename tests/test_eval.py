@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 
 import keras
 import pytest
 import tensorflow as tf
 
-from helpers import QUIET, TEST_TASKS, small_config
+from helpers import QUIET, REPO, TEST_TASKS, small_config
 from engine.data.builtin import synthetic_arrays
 from engine.errors import UserError
 from engine.loop import _custom_gradient_registry, make_eval_loop, make_train_loop
@@ -101,6 +103,37 @@ def test_a_finished_run_leaves_no_traced_graph_in_memory(tmp_path):
         gc.collect()
         assert _custom_gradients() == registered
         assert _traced_loop_graphs() <= graphs
+
+
+# Six runs' eval loops in a fresh process (TensorFlow's retracing detector warns at most twice per
+# Python function per process, so earlier tests in this one could hide the warning).
+_SIX_RUNS_EVAL_LOOPS = """
+import sys
+sys.path.insert(0, "tests")
+from helpers import small_config
+from engine.controller.state import build_task
+from engine.data.arrays import eval_dataset
+from engine.data.builtin import synthetic_arrays
+from engine.distribute.strategy import build_strategy
+from engine.loop import make_eval_loop
+from engine.task import Task
+
+strategy = build_strategy("default", 1).strategy
+task = Task(small_config("/unused", model="mlp"), input_shape=(28, 28, 1), num_classes=10)
+with strategy.scope():
+    build_task(strategy, task)
+data = strategy.experimental_distribute_dataset(eval_dataset(*synthetic_arrays(64, seed=1), 32))
+for run in range(6):  # what six train() runs in one process (a sweep, a notebook) build
+    print(run, float(make_eval_loop(strategy, task)(data)["examples"]), flush=True)
+"""
+
+
+def test_each_runs_loops_do_not_warn_of_retracing():
+    proc = subprocess.run([sys.executable, "-c", _SIX_RUNS_EVAL_LOOPS], cwd=REPO, capture_output=True, text=True,
+                          timeout=180, env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(word) for run in range(6) for word in (run, 64.0)]
+    assert "retracing" not in proc.stderr, proc.stderr[-2000:]
 
 
 def test_undeclared_metric_names_are_a_clear_error(tmp_path):
