@@ -39,7 +39,13 @@ def test_resident_resumes_exactly(tmp_path, replicas):
     config = small_config(tmp_path / "stopped", **RUN, input_mode="resident", strategy="mirrored",
                           cpu_replicas=replicas)
     train(config.replace(train_steps=12), **QUIET)  # stops inside the second epoch
-    assert train(config, **QUIET).start_step == 12
+    _resumed_equals_straight(tmp_path, config, stopped_at=12)
+
+
+def _resumed_equals_straight(tmp_path, config, stopped_at):
+    """Resumes the run stopped at `stopped_at` in tmp_path/stopped to config.train_steps and checks
+    it bit for bit against a straight run in tmp_path/straight."""
+    assert train(config, **QUIET).start_step == stopped_at
     train(config.replace(model_dir=str(tmp_path / "straight")), **QUIET)
     stopped, straight = checkpoint_state(tmp_path / "stopped"), checkpoint_state(tmp_path / "straight")
     assert sorted(stopped) == sorted(straight)
@@ -87,12 +93,7 @@ def test_tfrecords_trained_from_memory_resume_exactly_and_refuse_the_streamed_or
     train(config.replace(train_steps=8), **QUIET)  # 6 batches an epoch: stops inside the second
     with pytest.raises(UserError, match=r"drawn from memory .* draws it streamed .* --input_mode"):
         train(config.replace(input_mode="auto"), **QUIET)
-    assert train(config, **QUIET).start_step == 8
-    train(config.replace(model_dir=str(tmp_path / "straight")), **QUIET)
-    stopped, straight = checkpoint_state(tmp_path / "stopped"), checkpoint_state(tmp_path / "straight")
-    assert sorted(stopped) == sorted(straight)
-    for name, value in stopped.items():
-        np.testing.assert_array_equal(value, straight[name], err_msg=name)
+    _resumed_equals_straight(tmp_path, config, stopped_at=8)
 
 
 def test_a_streamed_source_over_the_memory_limit_is_refused_before_reading(tmp_path, monkeypatch):
