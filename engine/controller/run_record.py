@@ -95,6 +95,8 @@ def _has_checkpoint(model_dir: str) -> bool:
 
 
 def _shown(names, most: int = 12) -> str:
+    if not isinstance(names, (list, tuple)):
+        return str(names)
     names = list(names)
     return ", ".join(names[:most]) + (f", ... ({len(names)} in all)" if len(names) > most else "")
 
@@ -127,11 +129,8 @@ def check_data_facts(config, facts: dict) -> bool:
     if changed and not config.allow_config_change:
         name = changed[0]
         what, remedy = DATA_FACTS[name]
-        def shown(value):
-            return _shown(value) if isinstance(value, list) else value
-
         raise UserError(
-            f"--model_dir={config.model_dir} " + what.format(recorded=shown(record[name]), current=shown(facts[name]),
+            f"--model_dir={config.model_dir} " + what.format(recorded=_shown(record[name]), current=_shown(facts[name]),
                                                              dataset=config.dataset)
             + f" (recorded in {path(config.model_dir)}); {remedy}, use a new --model_dir, or pass --allow_config_change")
     return bool(changed)
