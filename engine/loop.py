@@ -302,10 +302,7 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
             result["gradients"] = last
         return result
 
-    def compile_loop():
-        return compiled_for_one_run(train_loop)
-
-    compiled = [compile_loop()]
+    compiled = [compiled_for_one_run(train_loop)]
 
     def run(iterator, num_steps):
         try:
@@ -314,7 +311,7 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
             # The step all-reduces (Task.all_reduce) inside the micro-batch while_loop, where
             # MirroredStrategy cannot: trace again with the micro-batches unrolled (nothing ran yet).
             replica_step.unrolled = True
-            compiled[0] = compile_loop()
+            compiled[0] = compiled_for_one_run(train_loop)
             return compiled[0](iterator, num_steps)
 
     run.experimental_get_tracing_count = lambda: compiled[0].experimental_get_tracing_count()

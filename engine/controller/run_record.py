@@ -120,12 +120,12 @@ def check_data_facts(config, facts: dict) -> bool:
     """Stops a resumed run whose data differs from the record in a DATA_FACTS fact (e.g. a class
     folder added, removed or renamed: the same label would mean another class), unless allowed.
 
+    `facts`: {name: value} of the facts this run's data has (none empty).
     Returns whether one changed (allowed): the record is then rewritten."""
     if not _has_checkpoint(config.model_dir):
         return False
     record = _read_record(config.model_dir) or {}
-    changed = [name for name, value in facts.items()
-               if value and record.get(name) is not None and record[name] != value]
+    changed = [name for name, value in facts.items() if record.get(name) is not None and record[name] != value]
     if changed and not config.allow_config_change:
         name = changed[0]
         what, remedy = DATA_FACTS[name]

@@ -86,7 +86,9 @@ def _setup(config, out):
     job.seed_everything(seed, config.deterministic)
 
     task_class, data, steps_per_epoch = job.load_data(config)
-    data_facts = {"class_names": list(data.spec.class_names or []), "data_order": run_record.data_order(data)}
+    # class_names (label i is class_names[i]) only where the source names its classes
+    data_facts = {name: value for name, value in (("class_names", list(data.spec.class_names or [])),
+                                                  ("data_order", run_record.data_order(data))) if value}
     data_changed = run_record.check_data_facts(config, data_facts)
     eval_every = config.eval_every
     if cluster is not None and cluster.has_evaluator and eval_every >= 0:
@@ -118,8 +120,7 @@ def _setup(config, out):
     input_mode = resolved_input_mode(config, data, augmented=task.example_augmentation(task.seed) is not None)
     report.banner(config, placement, data, per_replica, schedule, task.seed, task.model, start_step, out, input_mode)
     run_facts = {"engine_version": __version__, "replicas": placement.num_replicas, "effective_seed": task.seed,
-                 # class_names: label i is class_names[i] (when the source names its classes)
-                 **{name: value for name, value in data_facts.items() if value}}
+                 **data_facts}
     if placement.is_chief and (start_step == 0 or config_changes or data_changed):
         run_record.write(config, run_facts)
     return _Run(config=config, out=out, started=started, placement=placement, data=data, schedule=schedule,

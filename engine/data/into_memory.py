@@ -20,10 +20,14 @@ from engine.errors import UserError
 DECODE_BATCH = 1024  # records decoded per call while reading everything in
 
 
+def _keeps_raw_bytes(spec) -> bool:
+    """uint8 features (images) are held as their raw bytes, anything else as decoded."""
+    return spec.raw_features is not None and spec.raw_features.dtype == tf.uint8
+
+
 def _example_bytes(spec) -> int:
-    """Bytes one example takes in memory: its raw features when the source has them, else the
-    decoded ones, plus its label."""
-    features = spec.raw_features if spec.raw_features is not None else spec.features
+    """Bytes one example takes in memory: its features as the arrays hold them, plus its label."""
+    features = spec.raw_features if _keeps_raw_bytes(spec) else spec.features
     return sum(s.shape.num_elements() * s.dtype.size for s in (features, spec.labels))
 
 
@@ -31,10 +35,9 @@ def _stored_features(x: np.ndarray, spec) -> np.ndarray:
     """Decoded (normalised) features -> what the arrays hold: uint8 images as their raw bytes (x /
     255 in float32 scales back exactly; tests/test_resident.py checks the round trip on every
     value), anything else as decoded."""
-    raw = spec.raw_features
-    if raw is None or raw.dtype != tf.uint8 or x.dtype != np.float32:
+    if not _keeps_raw_bytes(spec) or x.dtype != np.float32:
         return x
-    return np.rint(x * 255.0).astype(np.uint8).reshape(len(x), *raw.shape)
+    return np.rint(x * 255.0).astype(np.uint8).reshape(len(x), *spec.raw_features.shape)
 
 
 def _read_split(source, split: str) -> tuple[np.ndarray, np.ndarray]:
