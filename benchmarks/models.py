@@ -118,15 +118,18 @@ def write_text(path: str, size: int = 1 << 20) -> None:
 
 
 # ---------------------------------------------------------------- one model, in its own process
-def bare_step(task, model, optimizer, features, labels):
+def bare_step(task, model, optimizer, features, labels, with_norm: bool = False):
     """One training step with nothing around it; the loss is the per-example (per-token) losses
-    summed over the batch over the number of real targets (labels >= 0), as the engine's tasks do."""
+    summed over the batch over the number of real targets (labels >= 0), as the engine's tasks do.
+    with_norm: the gradients' global norm is added to the result (what the engine's finite check
+    reads each step; benchmarks/step_costs.py)."""
     with tf.GradientTape() as tape:
         outputs = model(features, training=True)
         loss = tf.reduce_sum(task.per_example_loss(labels, outputs))
         loss /= tf.maximum(tf.reduce_sum(tf.cast(labels >= 0, tf.float32)), 1.0)
-    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-    return loss
+    gradients = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+    return loss + tf.linalg.global_norm(gradients) if with_norm else loss
 
 
 def fresh_task(config, task_class, data):
@@ -145,10 +148,11 @@ class _ConstantBatch:
         return self.batch
 
 
-def engine_loop_timer(config, task_class, data, batch, steps: int):
+def engine_loop_timer(config, task_class, data, batch, steps: int, iterator=None):
     """Seconds per step of the engine's compiled training loop (the Task's train_step, the update
     with its finite check and gradient norm, the metrics' reduction, the step counter) on one
-    constant batch, as train() builds it: the engine without its input, against the bare step."""
+    constant batch, as train() builds it: the engine without its input, against the bare step.
+    iterator: what the loop reads its batches from instead (e.g. a resident data iterator)."""
     strategy = tf.distribute.get_strategy()
     task = task_class(config, spec=data.spec)
     task.total_steps = 10**6
@@ -156,7 +160,7 @@ def engine_loop_timer(config, task_class, data, batch, steps: int):
                          is_chief=True, keep=1)
     loop = make_train_loop(strategy, task, state.global_step, update_summaries=config.summaries == "full",
                            gradients=config.histogram_every > 0)
-    iterator = _ConstantBatch(batch)
+    iterator = _ConstantBatch(batch) if iterator is None else iterator
     return measure.steps_timer(lambda n: loop(iterator, tf.constant(n))["steps"].numpy(), steps)
 
 

@@ -1,0 +1,135 @@
+"""Where an engine step's time goes: each piece the engine adds to the bare step, timed in one
+process, in paired rounds.
+
+    python -m benchmarks.step_costs                        # mlp, 6 rounds (about 3 minutes on 2 cores)
+    python -m benchmarks.step_costs --model=cnn --rounds=4
+
+`benchmarks.models` says how far the engine is from its ceiling; this says why. Each round times
+every measurement once, each built afresh right before it is timed (as benchmarks.models does), in
+alternating order; a measurement's ratio to the bare step is taken within its round, then the
+median over the rounds is printed with its spread:
+  bare                    the bare compiled step (benchmarks.models.bare_step) on one constant batch
+  bare + gradient norm    the same step with the gradients' global norm added to its result: what
+                          the engine's finite check reads each step
+  bare, batches in turn   the bare step on 64 batches held in memory, each step the next in turn:
+                          a batch its cache did not just hold, as with any real input, with no
+                          gather, copy or input pipeline
+  engine loop             the engine's compiled training loop (engine/loop.py) on the same constant
+                          batch, --summaries=full (metrics, finite check, grad_norm, counters)
+  engine loop, basic      the same at --summaries=basic (no grad_norm in the loop's result)
+  engine loop, resident   the engine's loop fed by --input_mode=resident: the batches gathered from
+                          the arrays in memory (with one replica, the next one beside each step)
+  resident input alone    the same batches with nothing trained: next() and the gather
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import tensorflow as tf  # noqa: E402
+
+from benchmarks import measure, models  # noqa: E402
+from engine.controller import job  # noqa: E402
+from engine.data.resident import ResidentTrainData  # noqa: E402
+
+SECONDS_PER_TIMING = 2.0  # each timing: one compiled loop of about this long
+BATCHES_IN_TURN = 64
+
+
+def timers(name: str, workdir: str) -> tuple:
+    """({measurement: a function building that measurement's fresh timer}, batch size)."""
+    config = models.config_for(name, workdir)
+    task_class, data, _ = job.load_data(config)
+    batch = config.global_batch
+    features, labels = next(iter(data.train_dataset(batch, seed=1)))
+
+    def bare_timer(with_norm: bool, steps: int):
+        task, model, optimizer = models.fresh_task(config, task_class, data)
+        optimizer.build(model.trainable_variables)
+        return measure.call_timer(
+            lambda: models.bare_step(task, model, optimizer, features, labels, with_norm=with_norm), steps)
+
+    def resident_iterator():
+        return iter(ResidentTrainData(tf.distribute.get_strategy(), data, batch, seed=1))
+
+    def input_timer(steps: int):
+        iterator = resident_iterator()
+
+        @tf.function
+        def loop(n):
+            first = tf.constant(0.0)
+            for _ in tf.range(n):
+                features, _ = iterator.replica_batch(next(iterator))
+                first = tf.cast(tf.reshape(features, [-1])[0], tf.float32)  # the batch is made in full
+            return first
+
+        return measure.steps_timer(lambda n: loop(tf.constant(n)).numpy(), steps)
+
+    # BATCHES_IN_TURN distinct batches, each step training on the next in turn: a step's batch is
+    # not the one its cache just held, as with real input, but nothing is gathered or copied.
+    taken = list(itertools.islice(iter(data.train_dataset(batch, seed=1)), BATCHES_IN_TURN))
+    in_turn = [tf.stack([b[i] for b in taken]) for i in (0, 1)]
+
+    def in_turn_timer(steps: int):
+        task, model, optimizer = models.fresh_task(config, task_class, data)
+        optimizer.build(model.trainable_variables)
+        count = tf.Variable(0, dtype=tf.int32, trainable=False)
+
+        def step():
+            k = count.assign_add(1) % BATCHES_IN_TURN
+            return models.bare_step(task, model, optimizer, in_turn[0][k], in_turn[1][k])
+
+        return measure.call_timer(step, steps)
+
+    first = bare_timer(False, 50)
+    rough = min(first() for _ in range(3))
+    steps = max(20, round(SECONDS_PER_TIMING / rough))
+    basic = config.replace(summaries="basic")
+    return {
+        "bare": lambda: bare_timer(False, steps),
+        "bare + gradient norm": lambda: bare_timer(True, steps),
+        "bare, batches in turn": lambda: in_turn_timer(steps),
+        "engine loop": lambda: models.engine_loop_timer(config, task_class, data, (features, labels), steps),
+        "engine loop, basic": lambda: models.engine_loop_timer(basic, task_class, data, (features, labels), steps),
+        "engine loop, resident": lambda: models.engine_loop_timer(config, task_class, data, None, steps,
+                                                                   iterator=resident_iterator()),
+        "resident input alone": lambda: input_timer(steps),
+    }, batch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="mlp", choices=sorted(models.WORKLOADS))
+    parser.add_argument("--rounds", type=int, default=6, help="paired rounds (each times every measurement once)")
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds={args.rounds}: give 1 or more")
+    print(f"device: {measure.device_description()}; TensorFlow {tf.__version__}; {args.model}, "
+          f"{args.rounds} rounds", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench_step_costs_") as workdir:
+        models.write_text(os.path.join(workdir, models.TEXT_FILE))
+        build, batch = timers(args.model, workdir)
+        names = tuple(build)
+        rounds = []
+        for index in range(args.rounds):
+            rounds.append({key: build[key]()() for key in measure.alternated(names, index)})
+    print(f"\n{'measurement':24s} {'us / step':>10s} {'speed / bare, paired (lowest-highest)':>40s}")
+    bare = [r["bare"] for r in rounds]
+    for key in names:
+        seconds = [r[key] for r in rounds]
+        line = f"{key:24s} {statistics.median(seconds) * 1e6:10.1f}"
+        if key != "resident input alone":  # the others each run the step: their speed against its
+            ratio = measure.spread([b / s for b, s in zip(bare, seconds)])
+            line += f" {ratio['median']:>24.3f} ({ratio['low']:.3f}-{ratio['high']:.3f})"
+        print(line)
+    print(f"(global batch {batch}; speed / bare: the bare step's time over the measurement's, in each round)")
+
+
+if __name__ == "__main__":
+    main()
