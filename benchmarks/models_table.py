@@ -2,6 +2,7 @@
 
     python -m benchmarks.models --json=benchmarks/results/models_cpu.json   # measure (~20 min, 2 cores)
     python -m benchmarks.models_table benchmarks/results/models_cpu.json    # rewrite the docs' table
+    python -m benchmarks.models_table --print FILE.json                      # print another run's tables
 
 The tables sit in docs/performance.md between the BEGIN/END markers below; tests/test_docs.py
 checks that they are the rendering of the committed JSON. The at-scale prediction's links and its
@@ -126,9 +127,14 @@ def rendered(text: str, report: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json_file", help="the output of python -m benchmarks.models --json=FILE")
+    parser.add_argument("--print", action="store_true",
+                        help="print the file's tables instead of rewriting docs/performance.md's (e.g. another host's run)")
     args = parser.parse_args()
     with open(args.json_file) as f:
         report = json.load(f)
+    if args.print:
+        print(tables(report) + "\n\n" + at_scale_table(report))
+        return
     with open(DOC) as f:
         text = f.read()
     with open(DOC, "w") as f:

@@ -63,6 +63,19 @@ def test_performance_tables_are_generated_from_the_committed_benchmark_json():
     assert models_table.at_scale_table(report) in changed and models_table.tables(report) in changed
 
 
+def test_another_runs_tables_print_without_touching_the_docs(monkeypatch, capsys):
+    """`models_table --print FILE` prints that run's tables (e.g. another host's) and leaves
+    docs/performance.md as it is."""
+    before = _read("docs/performance.md")
+    path = os.path.join(REPO, "benchmarks", "results", "models_cpu_xeon.json")
+    monkeypatch.setattr("sys.argv", ["models_table", "--print", path])
+    models_table.main()
+    with open(path) as f:
+        report = json.load(f)
+    assert models_table.tables(report) in capsys.readouterr().out
+    assert _read("docs/performance.md") == before
+
+
 def test_every_config_field_is_a_flag_and_every_flag_a_field():
     flag_values = absl_flags.FlagValues()
     define_flags(flag_values)
