@@ -47,59 +47,48 @@ def timers(name: str, workdir: str) -> tuple:
     config = models.config_for(name, workdir)
     task_class, data, _ = job.load_data(config)
     batch = config.global_batch
-    features, labels = next(iter(data.train_dataset(batch, seed=1)))
+    # BATCHES_IN_TURN distinct batches; the bare step trains on the first (the constant batch) or on
+    # each in turn: a batch its cache did not just hold, as with real input, but nothing gathered.
+    taken = list(itertools.islice(iter(data.train_dataset(batch, seed=1)), BATCHES_IN_TURN))
+    features, labels = taken[0]
+    in_turn = [tf.stack([b[i] for b in taken]) for i in (0, 1)]
+    count = tf.Variable(0, dtype=tf.int32, trainable=False)
 
-    def bare_timer(with_norm: bool, steps: int):
+    def batch_in_turn():
+        k = count.assign_add(1) % BATCHES_IN_TURN
+        return in_turn[0][k], in_turn[1][k]
+
+    def bare_body(with_norm: bool = False, next_batch=lambda: (features, labels)):
+        """One bare step on a fresh model and optimizer, for measure's compiled loops."""
         task, model, optimizer = models.fresh_task(config, task_class, data)
         optimizer.build(model.trainable_variables)
-        return measure.call_timer(
-            lambda: models.bare_step(task, model, optimizer, features, labels, with_norm=with_norm), steps)
+        return lambda: models.bare_step(task, model, optimizer, *next_batch(), with_norm=with_norm)
 
     def resident_iterator():
         return iter(ResidentTrainData(tf.distribute.get_strategy(), data, batch, seed=1))
 
-    def input_timer(steps: int):
+    def input_body():
+        """The next resident batch, made in full, with nothing trained."""
         iterator = resident_iterator()
 
-        @tf.function
-        def loop(n):
-            first = tf.constant(0.0)
-            for _ in tf.range(n):
-                features, _ = iterator.replica_batch(next(iterator))
-                first = tf.cast(tf.reshape(features, [-1])[0], tf.float32)  # the batch is made in full
-            return first
+        def body():
+            features, _ = iterator.replica_batch(next(iterator))
+            return tf.cast(tf.reshape(features, [-1])[0], tf.float32)
 
-        return measure.steps_timer(lambda n: loop(tf.constant(n)).numpy(), steps)
+        return body
 
-    # BATCHES_IN_TURN distinct batches, each step training on the next in turn: a step's batch is
-    # not the one its cache just held, as with real input, but nothing is gathered or copied.
-    taken = list(itertools.islice(iter(data.train_dataset(batch, seed=1)), BATCHES_IN_TURN))
-    in_turn = [tf.stack([b[i] for b in taken]) for i in (0, 1)]
-
-    def in_turn_timer(steps: int):
-        task, model, optimizer = models.fresh_task(config, task_class, data)
-        optimizer.build(model.trainable_variables)
-        count = tf.Variable(0, dtype=tf.int32, trainable=False)
-
-        def step():
-            k = count.assign_add(1) % BATCHES_IN_TURN
-            return models.bare_step(task, model, optimizer, in_turn[0][k], in_turn[1][k])
-
-        return measure.call_timer(step, steps)
-
-    first = bare_timer(False, 50)
-    rough = min(first() for _ in range(3))
+    rough = measure.seconds_per_call(bare_body(), calls=50, timings=3)
     steps = max(20, round(SECONDS_PER_TIMING / rough))
     basic = config.replace(summaries="basic")
     return {
-        "bare": lambda: bare_timer(False, steps),
-        "bare + gradient norm": lambda: bare_timer(True, steps),
-        "bare, batches in turn": lambda: in_turn_timer(steps),
+        "bare": lambda: measure.call_timer(bare_body(), steps),
+        "bare + gradient norm": lambda: measure.call_timer(bare_body(with_norm=True), steps),
+        "bare, batches in turn": lambda: measure.call_timer(bare_body(next_batch=batch_in_turn), steps),
         "engine loop": lambda: models.engine_loop_timer(config, task_class, data, (features, labels), steps),
         "engine loop, basic": lambda: models.engine_loop_timer(basic, task_class, data, (features, labels), steps),
         "engine loop, resident": lambda: models.engine_loop_timer(config, task_class, data, None, steps,
                                                                    iterator=resident_iterator()),
-        "resident input alone": lambda: input_timer(steps),
+        "resident input alone": lambda: measure.call_timer(input_body(), steps),
     }, batch
 
 
