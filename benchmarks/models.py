@@ -14,6 +14,10 @@ on in-memory data, one replica, float32, global batch as in WORKLOADS:
   * the bare compiled step: model, the Task's per-example loss, gradient, optimizer update, on one
     constant batch, many steps per tf.function call: no input pipeline, strategy or metrics. The
     engine's ceiling.
+  * the same step on 64 batches held in memory, the next each step (nothing gathered or piped, but
+    not the batch its cache just held): the ceiling of training on data. On a sub-millisecond step
+    the constant batch's cache makes the bare step faster than any training on data (mlp: 0.8 of
+    it on batches in turn), so engine / bare in turn is printed beside engine / bare.
   * the same step fed by the engine's input pipeline: what the input costs.
   * the engine: `train()` with the run's defaults (metrics, grad norm, finite check, summaries,
     the arrays resident in device memory: --input_mode=auto); its own throughput, host work between
@@ -23,8 +27,8 @@ on in-memory data, one replica, float32, global batch as in WORKLOADS:
   * `model.fit` on the same model, loss, optimizer and tf.data pipeline, at steps_per_execution 1
     (its default) and at the best of 1/10/100/1,000 (up to the engine's steps per loop; the sweep
     only picks the setting, every round then times fit at it afresh).
-  Each round times every one of these once (round_order: the bare step, the engine and fit best
-  back to back, in alternating order), so a burst of background load hits all alike; ratios are
+  Each round times every one of these once (round_order: the bare step, on batches in turn, the
+  engine and fit best back to back, in alternating order), so a burst of background load hits all alike; ratios are
   taken within a round and summarised (median, lowest, highest)
   over 3 rounds (--rounds; 1 with --quick). `--json=FILE` keeps every figure; `python -m
   benchmarks.models_table FILE` regenerates the docs' table from it.
@@ -40,6 +44,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import itertools
 import json
 import math
 import os
@@ -67,6 +72,7 @@ from engine.loop import make_train_loop  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT_FILE = "text.txt"  # the language model's data, written into the work directory
+BATCHES_IN_TURN = 64  # distinct batches the "bare, in turn" step cycles through (800 KB each on mlp)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +138,23 @@ def bare_step(task, model, optimizer, features, labels, with_norm: bool = False)
     return loss + tf.linalg.global_norm(gradients) if with_norm else loss
 
 
+def batches_in_turn(data, batch: int, count: int = BATCHES_IN_TURN):
+    """(the first batch, next_batch): `count` distinct batches of the data held in memory, and a
+    function for compiled loops that returns the next of them in turn. The bare step on them meets a
+    batch its cache did not just hold, as any training on data does, with nothing gathered, copied or
+    piped: the ceiling of training on data (on a sub-millisecond step the constant batch's cache
+    makes the bare step faster than that; docs/performance.md "Where an engine step's time goes")."""
+    taken = list(itertools.islice(iter(data.train_dataset(batch, seed=1)), count))
+    stacked = [tf.stack([b[i] for b in taken]) for i in (0, 1)]
+    position = tf.Variable(0, dtype=tf.int32, trainable=False)
+
+    def next_batch():
+        k = position.assign_add(1) % count
+        return stacked[0][k], stacked[1][k]
+
+    return taken[0], next_batch
+
+
 def fresh_task(config, task_class, data):
     task = task_class(config, spec=data.spec)
     task.total_steps = 10**6
@@ -175,11 +198,11 @@ def fit_rate(config, task_class, data, steps_per_execution, steps, epochs) -> fl
                                         config.global_batch, steps, epochs)
 
 
-# The measurements of one round; every round runs each once. The three the targets pair (engine /
-# bare, engine / fit best) run back to back in alternating order (measure.alternated): this
+# The measurements of one round; every round runs each once. Those the ratios judged pair (engine /
+# bare, engine / bare in turn, engine / fit best) run back to back in alternating order (measure.alternated): this
 # machine's speed drifts by about +-10 % over tens of seconds (benchmarks/drift.py,
 # docs/performance.md), so measurements far apart in a round pair different speeds. The others follow.
-PAIRED = ("bare", "engine", "fit best")
+PAIRED = ("bare", "bare in turn", "engine", "fit best")
 OTHERS = ("fed", "engine loop", "engine pipeline", "engine guarded", "fit default")
 ROUND = PAIRED + OTHERS
 
@@ -219,6 +242,9 @@ def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> 
         optimizer.build(model.trainable_variables)
         if key == "bare":
             return measure.call_timer(lambda: bare_step(task, model, optimizer, features, labels), calls)
+        if key == "bare in turn":
+            _, next_batch = batches_in_turn(data, batch)
+            return measure.call_timer(lambda: bare_step(task, model, optimizer, *next_batch()), calls)
         iterator = iter(data.train_dataset(batch, seed=1))
         return measure.call_timer(lambda: bare_step(task, model, optimizer, *next(iterator)), calls)
 
@@ -250,7 +276,7 @@ def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> 
              for spe in (1, 10, 100, 1000) if spe <= spl}
     best_spe = max(sweep, key=sweep.get)
     measure_once = {  # examples/s of one timing of each measurement, built afresh
-        **{key: lambda key=key: batch / fresh_timer(key)() for key in ("bare", "fed", "engine loop")},
+        **{key: lambda key=key: batch / fresh_timer(key)() for key in ("bare", "bare in turn", "fed", "engine loop")},
         "engine": engine_rate,
         "engine pipeline": lambda: engine_rate(input_mode="distribute_dataset"),
         "engine guarded": lambda: engine_rate(on_nonfinite="skip"),
@@ -268,6 +294,7 @@ def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> 
         flops_per_example=flops / batch, best_spe=best_spe, steps_per_loop=spl, sweep=sweep, rounds=rounds,
         medians={key: statistics.median(values) for key, values in column.items()},
         ratios={"engine / bare": measure.spread([r["engine"] / r["bare"] for r in rounds]),
+                "engine / bare in turn": measure.spread([r["engine"] / r["bare in turn"] for r in rounds]),
                 "engine / fit best": measure.spread([r["engine"] / r["fit best"] for r in rounds]),
                 "engine / fit default": measure.spread([r["engine"] / r["fit default"] for r in rounds]),
                 "pipeline / bare": measure.spread([r["engine pipeline"] / r["bare"] for r in rounds]),

@@ -72,7 +72,19 @@ def engine_table(report: dict) -> str:
     rounds = len(report["results"][0]["rounds"]) if report["results"] else 0
     return "\n".join(rows) + (f"\n\n{report['device']}; {report.get('versions', '')}; {rounds} interleaved "
                               f"round(s); examples/s are medians, ratios the median (lowest-highest) of the "
-                              f"rounds' paired ratios.")
+                              f"rounds' paired ratios.") + in_turn_line(report)
+
+
+def in_turn_line(report: dict) -> str:
+    """Engine / the bare step on batches taken in turn from memory (the ceiling of training on
+    data), for the runs that measured it (from 2026-12-07 on); "" for earlier ones."""
+    measured = [r for r in report["results"] if "engine / bare in turn" in r["ratios"]]
+    if not measured:
+        return ""
+    return ("\n\nengine / bare step on batches in turn (64 batches held in memory, the next each step: "
+            "nothing gathered or piped, but not the batch the cache just held): "
+            + ", ".join(f"`{NAMES.get(r['model'], r['model'])}` {ratio(r['ratios']['engine / bare in turn'])}"
+                        for r in measured) + ".")
 
 
 def flops_table(report: dict) -> str:

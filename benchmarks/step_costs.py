@@ -25,7 +25,6 @@ median over the rounds is printed with its spread:
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import statistics
 import tempfile
@@ -39,7 +38,6 @@ from engine.controller import job  # noqa: E402
 from engine.data.resident import ResidentTrainData  # noqa: E402
 
 SECONDS_PER_TIMING = 2.0  # each timing: one compiled loop of about this long
-BATCHES_IN_TURN = 64
 
 
 def timers(name: str, workdir: str) -> tuple:
@@ -47,16 +45,9 @@ def timers(name: str, workdir: str) -> tuple:
     config = models.config_for(name, workdir)
     task_class, data, _ = job.load_data(config)
     batch = config.global_batch
-    # BATCHES_IN_TURN distinct batches; the bare step trains on the first (the constant batch) or on
+    # The bare step trains on the first of models.BATCHES_IN_TURN batches (the constant batch) or on
     # each in turn: a batch its cache did not just hold, as with real input, but nothing gathered.
-    taken = list(itertools.islice(iter(data.train_dataset(batch, seed=1)), BATCHES_IN_TURN))
-    features, labels = taken[0]
-    in_turn = [tf.stack([b[i] for b in taken]) for i in (0, 1)]
-    count = tf.Variable(0, dtype=tf.int32, trainable=False)
-
-    def batch_in_turn():
-        k = count.assign_add(1) % BATCHES_IN_TURN
-        return in_turn[0][k], in_turn[1][k]
+    (features, labels), batch_in_turn = models.batches_in_turn(data, batch)
 
     def bare_body(with_norm: bool = False, next_batch=lambda: (features, labels)):
         """One bare step on a fresh model and optimizer, for measure's compiled loops."""

@@ -76,6 +76,18 @@ def test_another_runs_tables_print_without_touching_the_docs(monkeypatch, capsys
     assert _read("docs/performance.md") == before
 
 
+
+def test_engine_table_adds_the_batches_in_turn_ratio_only_where_a_run_measured_it():
+    """Runs from before `bare in turn` existed (the EPYC JSON the docs render) keep their table;
+    a run with it prints engine / bare on batches in turn per model, median and spread."""
+    with open(os.path.join(REPO, "benchmarks", "results", "models_cpu.json")) as f:
+        report = json.load(f)
+    assert "in turn" not in models_table.engine_table(report)
+    report["results"][0]["ratios"]["engine / bare in turn"] = {"median": 1.07, "low": 1.01, "high": 1.12}
+    line = models_table.engine_table(report).splitlines()[-1]
+    name = models_table.NAMES.get(report["results"][0]["model"], report["results"][0]["model"])
+    assert line.startswith("engine / bare step on batches in turn") and f"`{name}` 1.07 (1.01-1.12)" in line
+
 def test_every_config_field_is_a_flag_and_every_flag_a_field():
     flag_values = absl_flags.FlagValues()
     define_flags(flag_values)
