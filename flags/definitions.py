@@ -159,8 +159,9 @@ def define_flags(flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> None:
         "shuffle_buffer", 10000, "Examples held in the shuffle buffer of streamed sources (tfrecord:, images:, tfds:); "
         "in-memory sources shuffle whole epochs.", lower_bound=1, **f)
     absl_flags.DEFINE_boolean(
-        "cache", False, "Streamed sources: keep the raw records in memory after the first pass (file order "
-        "then fixed, the shuffle buffer still shuffles).", **f)
+        "cache", False, "Streamed sources (tfrecord:, images:, tfds:): keep the raw records in memory after the "
+        "first pass (file order then fixed, the shuffle buffer still shuffles). Refused where it would do "
+        "nothing: data held in memory, --input_mode=resident, a Task's own pipelines.", **f)
     absl_flags.DEFINE_string(
         "image_size", "",
         "--dataset=images:DIR (or tfrecord: records of encoded images): HEIGHT,WIDTH in pixels to resize "

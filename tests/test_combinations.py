@@ -34,7 +34,10 @@ DATA_DIR = os.path.join(tempfile.gettempdir(), f"ctl_combinations_{os.getpid()}"
 FEATURES = (
     ("data", {"synthetic": (), "npz": (f"--dataset=npz:{DATA_DIR}/d.npz",),
               "tfrecord": (f"--dataset=tfrecord:{DATA_DIR}/rec/train-*,{DATA_DIR}/rec/test-*",
-                           "--shuffle_buffer=32")}),
+                           "--shuffle_buffer=32"),
+              # --cache acts on streamed data only (refused elsewhere), so it is a kind of data here
+              "tfrecord_cache": (f"--dataset=tfrecord:{DATA_DIR}/rec/train-*,{DATA_DIR}/rec/test-*",
+                                 "--shuffle_buffer=32", "--cache")}),
     ("strategy", {"default": (), "mirrored1": ("--strategy=mirrored", "--cpu_replicas=1"),
                   "mirrored2": ("--strategy=mirrored", "--cpu_replicas=2")}),
     ("model", {"cnn": ("--model=cnn",), "cnn_bn": ("--model=cnn_bn",), "mlp": ("--model=mlp",)}),
@@ -66,7 +69,8 @@ def refused(row: dict) -> bool:
     `row` may be partial: True once the values it holds are refused whatever the others are."""
     return (row.get("xla") == "jit" and row.get("model") == "cnn_bn"
             and row.get("strategy", "").startswith("mirrored")) or \
-        (row.get("loss_bound") == "bounded" and row.get("on_nonfinite") == "skip")
+        (row.get("loss_bound") == "bounded" and row.get("on_nonfinite") == "skip") or \
+        (row.get("data") == "tfrecord_cache" and row.get("input") == "resident")
 
 
 def _pairs(row: dict) -> set:
@@ -118,7 +122,8 @@ ROWS = covering_rows()
 # Beyond pairs: the triple issue 16 reported (it crashed in the batch norm's all-reduce).
 TRAINED_ROWS = ROWS + [dict(ROWS[0], strategy="mirrored2", model="cnn_bn", accum="accum2")]
 REFUSED_ROWS = [dict(ROWS[0], strategy=s, model="cnn_bn", xla="jit") for s in ("mirrored1", "mirrored2")] + [
-    dict(ROWS[0], loss_bound="bounded", on_nonfinite="skip", xla="nojit")]
+    dict(ROWS[0], loss_bound="bounded", on_nonfinite="skip", xla="nojit"),
+    dict(ROWS[0], data="tfrecord_cache", input="resident")]
 
 
 @pytest.mark.fast
@@ -172,8 +177,12 @@ def test_refused_combination_says_so_in_one_line(row, cli_runs):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and proc.stderr.strip().splitlines()[-1] == errors[0], explain(proc)
     assert "Traceback" not in proc.stderr
-    expected = ("--loss_upper_bound", "--on_nonfinite=skip") if row["loss_bound"] == "bounded" else (
-        "--jit_compile", "--strategy=mirrored", "cnn_bn")
+    if row["loss_bound"] == "bounded":
+        expected = ("--loss_upper_bound", "--on_nonfinite=skip")
+    elif row["data"] == "tfrecord_cache":
+        expected = ("--cache", "--input_mode=resident")
+    else:
+        expected = ("--jit_compile", "--strategy=mirrored", "cnn_bn")
     assert all(part in errors[0] for part in expected), errors[0]
     assert not any(line.startswith("done") for line in proc.stdout.splitlines())  # refused, not trained
 

@@ -276,3 +276,25 @@ def test_task_brings_its_own_datasets(tmp_path, replicas):
 def test_a_task_with_its_own_datasets_refuses_to_be_read_into_memory(tmp_path):
     with pytest.raises(UserError, match=r"--input_mode=resident .* OwnDataTask.datasets\(\) builds its own"):
         train(small_config(tmp_path, task=f"{TEST_TASKS}:OwnDataTask", model="mlp", input_mode="resident"), **QUIET)
+
+
+@pytest.mark.fast
+def test_cache_is_refused_where_it_would_do_nothing(tmp_path):
+    """--cache keeps a stream's raw records; on data held in memory, on records read into memory
+    (resident) or with a Task's own pipelines it would be silently ignored, so it is one line."""
+    x, y = id_arrays(20)
+    tfrecord.write_shards(str(tmp_path), "train", x, y, 2)
+    streamed = f"tfrecord:{tmp_path}/train-*"
+    assert sources.load(Config(dataset=streamed, cache=True)).cache  # a stream: kept, and used
+    refusals = [(Config(dataset="synthetic", cache=True),
+                 r"--cache applies to streamed sources .* not --dataset=synthetic"),
+                (Config(dataset="npz:" + write_npz(tmp_path / "c.npz", *id_arrays(8), *id_arrays(4)), cache=True),
+                 r"--cache applies to streamed sources .* not --dataset=npz:"),
+                (Config(dataset=streamed, cache=True, input_mode="resident"),
+                 r"--cache with --input_mode=resident: TFRecords .* read into memory once")]
+    for config, message in refusals:
+        with pytest.raises(UserError, match=message) as error:
+            sources.load(config)
+        assert "\n" not in str(error.value)
+    with pytest.raises(UserError, match=r"--cache applies to streamed --dataset sources, but OwnDataTask.datasets"):
+        train(small_config(tmp_path / "own", task=f"{TEST_TASKS}:OwnDataTask", model="mlp", cache=True), **QUIET)

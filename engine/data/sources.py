@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 
 from engine.config import DATASETS
-from engine.data import builtin, image_folders, into_memory, text, tfds_source, tfrecord
+from engine.data import builtin, image_folders, into_memory, streams, text, tfds_source, tfrecord
 from engine.data.task_data import TaskSource
 from engine.errors import UserError
 
@@ -33,6 +33,9 @@ def load_for_task(config, task_class):
     own = task_class.datasets(config)
     if own is None:
         return load(config, parse_example=task_class.parse_example)
+    if config.cache:
+        raise UserError(f"--cache applies to streamed --dataset sources, but {task_class.__name__}.datasets() "
+                        "builds its own tf.data pipelines: cache in them (Dataset.cache) and drop --cache")
     if config.input_mode == "resident":
         raise UserError(f"--input_mode=resident reads a --dataset into memory, but {task_class.__name__}.datasets() "
                         "builds its own tf.data pipelines, which the engine streams: drop --input_mode")
@@ -71,6 +74,7 @@ def load(config, parse_example=None):
     else:
         source = SOURCE_KINDS[kind](argument, config, parse_example)
     _check_options(config, source)
+    _check_cache(config, source)
     if config.input_mode == "resident" and source.streamed:
         source = into_memory.read_whole(source)  # every record decoded once, then trained from memory
     return source
@@ -84,6 +88,18 @@ def _check_image_options(config, kind) -> None:
             applies = "--dataset=images:DIR" + (" and tfrecord: images" if "tfrecord" in kinds else "")
             raise UserError(f"--{name}={getattr(config, name)} applies to {applies} only, not "
                             f"--dataset={config.dataset}; drop it")
+
+
+def _check_cache(config, source) -> None:
+    """--cache where it would do nothing: data held in memory, or read into memory (resident)."""
+    if not config.cache:
+        return
+    if not isinstance(source, streams.StreamSource):
+        raise UserError(f"--cache applies to streamed sources (tfrecord:, images:, tfds:) only, not "
+                        f"--dataset={config.dataset}, which is held in memory; drop it")
+    if config.input_mode == "resident":
+        raise UserError(f"--cache with --input_mode=resident: {source.where} is read into memory once at "
+                        "start-up, so there is nothing left to cache; drop --cache")
 
 
 def _check_options(config, source) -> None:
