@@ -20,12 +20,16 @@ from __future__ import annotations
 import os
 
 from engine.config import DATASETS
-from engine.data import builtin, image_folders, into_memory, streams, text, tfds_source, tfrecord
+from engine.data import builtin, image_folders, into_memory, text, tfds_source, tfrecord
 from engine.data.task_data import TaskSource
 from engine.errors import UserError
 
-# Flags only some sources read: --dataset kinds -> what they apply to.
-IMAGE_OPTIONS = {"image_size": ("images", "tfrecord"), "validation_split": ("images",)}
+# Flags only some sources read: flag -> (the --dataset kinds that read it, how an error names them).
+SOURCE_OPTIONS = {
+    "image_size": (("images", "tfrecord"), "--dataset=images:DIR and tfrecord: images"),
+    "validation_split": (("images",), "--dataset=images:DIR"),
+    "cache": (("tfrecord", "images", "tfds"), "streamed sources (tfrecord:, images:, tfds:)"),
+}
 
 
 def load_for_task(config, task_class):
@@ -62,7 +66,7 @@ def load(config, parse_example=None):
     kind, colon, argument = config.dataset.partition(":")
     if config.data_dir is not None and not os.path.isdir(config.data_dir):
         raise UserError(f"--data_dir={config.data_dir} is not a directory")
-    _check_image_options(config, kind if colon else None)
+    _check_source_options(config, kind if colon else None)
     if not colon:
         if kind not in BUILTIN:
             raise UserError(f"unknown --dataset={config.dataset!r}; valid: {', '.join(DATASETS)}, or "
@@ -74,32 +78,22 @@ def load(config, parse_example=None):
     else:
         source = SOURCE_KINDS[kind](argument, config, parse_example)
     _check_options(config, source)
-    _check_cache(config, source)
     if config.input_mode == "resident" and source.streamed:
         source = into_memory.read_whole(source)  # every record decoded once, then trained from memory
     return source
 
 
-def _check_image_options(config, kind) -> None:
-    """--image_size and --validation_split given to a source that would ignore them (checked before
-    any data is read; tfrecord: checks that its records hold images)."""
-    for name, kinds in IMAGE_OPTIONS.items():
-        if getattr(config, name) and kind not in kinds:
-            applies = "--dataset=images:DIR" + (" and tfrecord: images" if "tfrecord" in kinds else "")
-            raise UserError(f"--{name}={getattr(config, name)} applies to {applies} only, not "
-                            f"--dataset={config.dataset}; drop it")
-
-
-def _check_cache(config, source) -> None:
-    """--cache where it would do nothing: data held in memory, or read into memory (resident)."""
-    if not config.cache:
-        return
-    if not isinstance(source, streams.StreamSource):
-        raise UserError(f"--cache applies to streamed sources (tfrecord:, images:, tfds:) only, not "
-                        f"--dataset={config.dataset}, which is held in memory; drop it")
-    if config.input_mode == "resident":
-        raise UserError(f"--cache with --input_mode=resident: {source.where} is read into memory once at "
-                        "start-up, so there is nothing left to cache; drop --cache")
+def _check_source_options(config, kind) -> None:
+    """Flags given to a source that would ignore them (checked before any data is read; tfrecord:
+    checks later that its records hold images for --image_size)."""
+    for name, (kinds, applies) in SOURCE_OPTIONS.items():
+        value = getattr(config, name)
+        if value and kind not in kinds:
+            shown = f"--{name}" if value is True else f"--{name}={value}"
+            raise UserError(f"{shown} applies to {applies} only, not --dataset={config.dataset}; drop it")
+    if config.cache and config.input_mode == "resident":
+        raise UserError(f"--cache with --input_mode=resident: --dataset={config.dataset} is read into memory once "
+                        "at start-up, so there is nothing left to cache; drop --cache")
 
 
 def _check_options(config, source) -> None:
