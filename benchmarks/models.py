@@ -28,9 +28,8 @@ on in-memory data, one replica, float32, global batch as in WORKLOADS:
     (its default) and at the best of 1/10/100/1,000 (up to the engine's steps per loop; the sweep
     only picks the setting, every round then times fit at it afresh).
   Each round times every one of these once (round_order: the bare step, on batches in turn, the
-  engine and fit best back to back, in alternating order), so a burst of background load hits all alike; ratios are
-  taken within a round and summarised (median, lowest, highest)
-  over 3 rounds (--rounds; 1 with --quick). `--json=FILE` keeps every figure; `python -m
+  engine and fit best back to back, in alternating order), so a burst of background load hits all
+  alike; ratios are taken within a round and summarised (median, lowest, highest) over 3 rounds (--rounds; 1 with --quick). `--json=FILE` keeps every figure; `python -m
   benchmarks.models_table FILE` regenerates the docs' table from it.
   * training FLOPs per example, counted by TensorFlow's profiler on the bare step's graph, so the
     achieved FLOP/s against the device's float32 matmul peak.
@@ -198,9 +197,9 @@ def fit_rate(config, task_class, data, steps_per_execution, steps, epochs) -> fl
                                         config.global_batch, steps, epochs)
 
 
-# The measurements of one round; every round runs each once. Those the ratios judged pair (engine /
-# bare, engine / bare in turn, engine / fit best) run back to back in alternating order (measure.alternated): this
-# machine's speed drifts by about +-10 % over tens of seconds (benchmarks/drift.py,
+# The measurements of one round; every round runs each once. Those the judged ratios pair (engine /
+# bare, engine / bare in turn, engine / fit best) run back to back in alternating order
+# (measure.alternated): this machine's speed drifts by about +-10 % over tens of seconds (benchmarks/drift.py,
 # docs/performance.md), so measurements far apart in a round pair different speeds. The others follow.
 PAIRED = ("bare", "bare in turn", "engine", "fit best")
 OTHERS = ("fed", "engine loop", "engine pipeline", "engine guarded", "fit default")
@@ -216,7 +215,8 @@ def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> 
     config = config_for(name, workdir)
     task_class, data, _ = job.load_data(config)
     batch = config.global_batch
-    features, labels = next(iter(data.train_dataset(batch, seed=1)))
+    # The constant batch is the first of the batches the bare step also takes in turn (read once).
+    (features, labels), next_in_turn = batches_in_turn(data, batch)
 
     # The ceiling, and the step time that sizes everything else.
     task, model, optimizer = fresh_task(config, task_class, data)
@@ -243,8 +243,7 @@ def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> 
         if key == "bare":
             return measure.call_timer(lambda: bare_step(task, model, optimizer, features, labels), calls)
         if key == "bare in turn":
-            _, next_batch = batches_in_turn(data, batch)
-            return measure.call_timer(lambda: bare_step(task, model, optimizer, *next_batch()), calls)
+            return measure.call_timer(lambda: bare_step(task, model, optimizer, *next_in_turn()), calls)
         iterator = iter(data.train_dataset(batch, seed=1))
         return measure.call_timer(lambda: bare_step(task, model, optimizer, *next(iterator)), calls)
 

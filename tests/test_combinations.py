@@ -31,13 +31,12 @@ from tasks import CnnBnNoDropoutTask
 # Data files the `data` feature reads, written by the `cli_runs` fixture before any run starts.
 DATA_DIR = os.path.join(tempfile.gettempdir(), f"ctl_combinations_{os.getpid()}")
 
+TFRECORDS = (f"--dataset=tfrecord:{DATA_DIR}/rec/train-*,{DATA_DIR}/rec/test-*", "--shuffle_buffer=32")
+
 FEATURES = (
-    ("data", {"synthetic": (), "npz": (f"--dataset=npz:{DATA_DIR}/d.npz",),
-              "tfrecord": (f"--dataset=tfrecord:{DATA_DIR}/rec/train-*,{DATA_DIR}/rec/test-*",
-                           "--shuffle_buffer=32"),
-              # --cache acts on streamed data only (refused elsewhere), so it is a kind of data here
-              "tfrecord_cache": (f"--dataset=tfrecord:{DATA_DIR}/rec/train-*,{DATA_DIR}/rec/test-*",
-                                 "--shuffle_buffer=32", "--cache")}),
+    # --cache acts on streamed data only (refused elsewhere), so it is a kind of data here
+    ("data", {"synthetic": (), "npz": (f"--dataset=npz:{DATA_DIR}/d.npz",), "tfrecord": TFRECORDS,
+              "tfrecord_cache": TFRECORDS + ("--cache",)}),
     ("strategy", {"default": (), "mirrored1": ("--strategy=mirrored", "--cpu_replicas=1"),
                   "mirrored2": ("--strategy=mirrored", "--cpu_replicas=2")}),
     ("model", {"cnn": ("--model=cnn",), "cnn_bn": ("--model=cnn_bn",), "mlp": ("--model=mlp",)}),

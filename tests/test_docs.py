@@ -76,7 +76,6 @@ def test_another_runs_tables_print_without_touching_the_docs(monkeypatch, capsys
     assert _read("docs/performance.md") == before
 
 
-
 def test_engine_table_adds_the_batches_in_turn_ratio_only_where_a_run_measured_it():
     """Runs from before `bare in turn` existed (the EPYC JSON the docs render) keep their table;
     a run with it prints engine / bare on batches in turn per model, median and spread."""
