@@ -333,8 +333,7 @@ def child(name: str, workdir: str, quick: bool, rounds: int) -> dict:
 
 def print_tables(report: dict) -> None:
     results, peak = report["results"], report["peak"]
-    print("\n1. engine against its ceiling and against model.fit (targets: engine / bare >= 0.90, >= 0.95 "
-          "where the bare step is over 5 ms; engine / fit best >= 1.0)")
+    print("\n1. engine against its ceiling and against model.fit (its verdict on the targets under the table)")
     print("   bare: the compiled step on one constant batch; + input: fed by the engine's tf.data pipeline; "
           "engine loop, no input: the engine's compiled loop on the bare step's constant batch; "
           "engine: its defaults (arrays resident) at --steps_per_loop (steps / loop); pipeline: "
