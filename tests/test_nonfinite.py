@@ -10,8 +10,14 @@ import pytest
 import tensorflow as tf
 
 from helpers import QUIET, TEST_TASKS, checkpoint_state, run_cli, small_config
-from engine.errors import NonFiniteLoss
+from tasks import NanLossTask
+from engine.controller.state import create_state
 from engine.controller.trainer import train
+from engine.data.arrays import train_dataset
+from engine.data.builtin import synthetic_arrays
+from engine.distribute.strategy import build_strategy
+from engine.errors import NonFiniteLoss
+from engine.loop import make_train_loop
 
 TWO_REPLICAS = dict(strategy="mirrored", cpu_replicas=2)
 NAN_AT = 5  # tests/tasks.py: the update from global step 5 to 6 (the 6th step) is poisoned
@@ -35,6 +41,33 @@ def test_stop_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, task, 
     resumed = train(config.replace(task="classification", allow_config_change=True, train_steps=6),
                     **QUIET)
     assert resumed.start_step == steps_per_loop and resumed.final_step == 6
+
+
+# The bad step (the 6th) in the middle of a loop and last in it, with stop; with skip.
+@pytest.mark.parametrize("num_steps, mode", [pytest.param(9, "stop", marks=pytest.mark.fast), (NAN_AT + 1, "stop"),
+                                             (9, "skip")])
+def test_the_loop_counts_sums_and_steps_exactly_the_good_steps(tmp_path, num_steps, mode):
+    """With stop, the loop counts, sums and leaves global_step at exactly the good steps before the
+    bad one, wherever it falls in the loop; with skip, every step counts, and all but the bad one's
+    metrics, and the next loop goes on from there."""
+    strategy = build_strategy("mirrored", 2).strategy
+    task = NanLossTask(small_config(tmp_path, on_nonfinite=mode), input_shape=(28, 28, 1), num_classes=10)
+    task.total_steps = 100
+    state = create_state(strategy, task, seed=1, model_dir=str(tmp_path), is_chief=True, keep=1)
+    images, labels = synthetic_arrays(1024, seed=1)
+    iterator = iter(strategy.experimental_distribute_dataset(train_dataset(images, labels, 64, seed=1)))
+    loop = make_train_loop(strategy, task, state.global_step, skip_nonfinite=mode == "skip")
+    result = loop(iterator, tf.constant(num_steps))
+    counted, summed = (num_steps, num_steps - 1) if mode == "skip" else (NAN_AT, NAN_AT)
+    assert int(result["steps"]) == counted and int(result["bad_steps"]) == 1
+    assert int(state.global_step.numpy()) == counted
+    loss, examples = (float(value) for value in result["totals"]["loss"])
+    assert examples == summed * 64 and np.isfinite(loss)
+    assert int(result["skipped_updates"]) == (1 if mode == "skip" else 0)  # stop: the update ran beside
+    if mode == "stop":
+        return
+    more = loop(iterator, tf.constant(2))  # skip goes on: the next loop starts where this one ended
+    assert int(more["steps"]) == 2 and int(more["bad_steps"]) == 0 and int(state.global_step.numpy()) == counted + 2
 
 
 @pytest.mark.parametrize("task, strategy", [("NanGradientTask", TWO_REPLICAS),
