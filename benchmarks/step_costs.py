@@ -14,6 +14,10 @@ median over the rounds is printed with its spread:
   bare, batches in turn   the bare step on 64 batches held in memory, each step the next in turn:
                           a batch its cache did not just hold, as with any real input, with no
                           gather, copy or input pipeline
+  engine step, no loop    the engine's replica step alone (the Task's train_step, its metrics, the
+                          update with the gradient norm and finite check: engine/loop.py's
+                          _TrainStep under strategy.run) on the constant batch, in a plain
+                          compiled loop: what the engine's loop adds is the next line's difference
   engine loop             the engine's compiled training loop (engine/loop.py) on the same constant
                           batch, --summaries=full (metrics, finite check, grad_norm, counters)
   engine loop, basic      the same at --summaries=basic (no grad_norm in the loop's result)
@@ -35,7 +39,9 @@ import tensorflow as tf  # noqa: E402
 
 from benchmarks import measure, models  # noqa: E402
 from engine.controller import job  # noqa: E402
+from engine.controller.state import create_state  # noqa: E402
 from engine.data.resident import ResidentTrainData  # noqa: E402
+from engine.loop import _TrainStep  # noqa: E402
 
 SECONDS_PER_TIMING = 2.0  # each timing: one compiled loop of about this long
 
@@ -54,6 +60,22 @@ def timers(name: str, workdir: str) -> tuple:
         task, model, optimizer = models.fresh_task(config, task_class, data)
         optimizer.build(model.trainable_variables)
         return lambda: models.bare_step(task, model, optimizer, *next_batch(), with_norm=with_norm)
+
+    def engine_step_body():
+        """The engine's replica step alone on the constant batch (its outputs all used, so none is pruned)."""
+        strategy = tf.distribute.get_strategy()
+        task = task_class(config, spec=data.spec)
+        task.total_steps = 10**6
+        create_state(strategy, task, seed=1, model_dir=tempfile.mkdtemp(prefix="step_", dir=config.model_dir),
+                     is_chief=True, keep=1)
+        step = _TrainStep(task, tuple(task.train_metrics), accum_steps=1, jit_compile=False,
+                          update_summaries=config.summaries == "full", keep_gradients=False)
+
+        def body():
+            stacked, bad, applied, _ = strategy.run(step, args=((features, labels),))
+            return tf.reduce_sum(stacked) + tf.cast(tf.logical_or(bad, applied), tf.float32)
+
+        return body
 
     def resident_iterator():
         return iter(ResidentTrainData(tf.distribute.get_strategy(), data, batch, seed=1))
@@ -75,6 +97,7 @@ def timers(name: str, workdir: str) -> tuple:
         "bare": lambda: measure.call_timer(bare_body(), steps),
         "bare + gradient norm": lambda: measure.call_timer(bare_body(with_norm=True), steps),
         "bare, batches in turn": lambda: measure.call_timer(bare_body(next_batch=batch_in_turn), steps),
+        "engine step, no loop": lambda: measure.call_timer(engine_step_body(), steps),
         "engine loop": lambda: models.engine_loop_timer(config, task_class, data, (features, labels), steps),
         "engine loop, basic": lambda: models.engine_loop_timer(basic, task_class, data, (features, labels), steps),
         "engine loop, resident": lambda: models.engine_loop_timer(config, task_class, data, None, steps,
