@@ -29,8 +29,9 @@ on in-memory data, one replica, float32, global batch as in WORKLOADS:
     only picks the setting, every round then times fit at it afresh).
   Each round times every one of these once (round_order: the bare step, on batches in turn, the
   engine and fit best back to back, in alternating order), so a burst of background load hits all
-  alike; ratios are taken within a round and summarised (median, lowest, highest) over 3 rounds (--rounds; 1 with --quick). `--json=FILE` keeps every figure; `python -m
-  benchmarks.models_table FILE` regenerates the docs' table from it.
+  alike; ratios are taken within a round and summarised (median, lowest, highest) over 3 rounds
+  (--rounds; 1 with --quick). `--json=FILE` keeps every figure; `python -m benchmarks.models_table
+  FILE` regenerates the docs' table from it.
   * training FLOPs per example, counted by TensorFlow's profiler on the bare step's graph, so the
     achieved FLOP/s against the device's float32 matmul peak.
   * the peak RSS of a whole `python run.py` process training the model (a user's figure).
@@ -170,16 +171,23 @@ class _ConstantBatch:
         return self.batch
 
 
+def engine_task(config, task_class, data) -> tuple:
+    """(task, state): a fresh Task built as train() builds it (model, optimizer, updater, counters),
+    in the current strategy's scope, checkpointing into a fresh directory under the run's."""
+    task = task_class(config, spec=data.spec)
+    task.total_steps = 10**6
+    state = create_state(tf.distribute.get_strategy(), task, seed=1, is_chief=True, keep=1,
+                         model_dir=tempfile.mkdtemp(prefix="loop_", dir=config.model_dir))
+    return task, state
+
+
 def engine_loop_timer(config, task_class, data, batch, steps: int, iterator=None):
     """Seconds per step of the engine's compiled training loop (the Task's train_step, the update
     with its finite check and gradient norm, the metrics' reduction, the step counter) on one
     constant batch, as train() builds it: the engine without its input, against the bare step.
     iterator: what the loop reads its batches from instead (e.g. a resident data iterator)."""
     strategy = tf.distribute.get_strategy()
-    task = task_class(config, spec=data.spec)
-    task.total_steps = 10**6
-    state = create_state(strategy, task, seed=1, model_dir=tempfile.mkdtemp(prefix="loop_", dir=config.model_dir),
-                         is_chief=True, keep=1)
+    task, state = engine_task(config, task_class, data)
     loop = make_train_loop(strategy, task, state.global_step, update_summaries=config.summaries == "full",
                            gradients=config.histogram_every > 0)
     iterator = _ConstantBatch(batch) if iterator is None else iterator
