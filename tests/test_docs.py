@@ -87,6 +87,7 @@ def test_engine_table_adds_the_batches_in_turn_ratio_only_where_a_run_measured_i
     name = models_table.NAMES.get(report["results"][0]["model"], report["results"][0]["model"])
     assert line.startswith("engine / bare step on batches in turn") and f"`{name}` 1.07 (1.01-1.12)" in line
 
+
 def test_the_targets_verdict_names_each_missed_target_and_judges_in_turn_where_measured():
     """The verdict under table 1: every median below its target (three decimals: 0.999 misses 1.0),
     0.95 for a bare step over 5 ms; against the bare step on batches in turn too, where measured."""
