@@ -63,9 +63,13 @@ def main(argv) -> int:
             from engine.distribute.launch import launch
 
             # Every worker gets the same model_dir (a default one is resolved here, once).
-            return launch(config.num_workers, [*sys.argv[1:], f"--model_dir={config.model_dir}"],
-                          script=os.path.abspath(__file__), evaluator=config.evaluator,
-                          max_restarts=config.max_restarts)
+            return launch(
+                config.num_workers,
+                [*sys.argv[1:], f"--model_dir={config.model_dir}"],
+                script=os.path.abspath(__file__),
+                evaluator=config.evaluator,
+                max_restarts=config.max_restarts,
+            )
         config = _role(config)
         if config.mode != "train":
             from engine.controller.evaluator import evaluate
@@ -86,6 +90,7 @@ def main(argv) -> int:
     # `err` and the trainer's frames are gone now; collect them so TensorFlow's clean-up warnings
     # (e.g. "deleted with unrestored values" after a failed restore) come before the error line.
     import gc
+
     gc.collect()
     print(message, file=sys.stderr)
     return exit_code
@@ -103,8 +108,10 @@ def _role(config):
     raw = os.environ.get("TF_CONFIG")
     if not (raw and parse_tf_config(raw).is_evaluator):
         if config.mode != "train":
-            raise UserError(f"--mode={config.mode} runs in one process, outside the workers' collectives: use "
-                            "--strategy=mirrored (or default), or a TF_CONFIG task of type evaluator")
+            raise UserError(
+                f"--mode={config.mode} runs in one process, outside the workers' collectives: use "
+                "--strategy=mirrored (or default), or a TF_CONFIG task of type evaluator"
+            )
         parse_tf_config(raw)  # fail in a second, before TensorFlow loads
         return config
     return config.replace(mode="continuous_eval", strategy="mirrored", num_workers=0)

@@ -42,10 +42,16 @@ def main() -> None:
     median = statistics.median(timings)
     changes = [b / a for a, b in zip(timings, timings[1:])]
     print(f"{len(timings)} timings of the same matmul loop over {args.seconds:.0f} s on {measure.device_description()}")
-    print(f"  each / median: lowest {min(timings) / median:.2f}, highest {max(timings) / median:.2f}; "
-          f"10th-90th percentile {_percentile(timings, 10) / median:.2f}-{_percentile(timings, 90) / median:.2f}")
-    print(f"  each / the one before: 10th-90th percentile {_percentile(changes, 10):.2f}-{_percentile(changes, 90):.2f}")
-    thirds = [statistics.median(timings[i * len(timings) // 3:(i + 1) * len(timings) // 3]) / median for i in range(3)]
+    print(
+        f"  each / median: lowest {min(timings) / median:.2f}, highest {max(timings) / median:.2f}; "
+        f"10th-90th percentile {_percentile(timings, 10) / median:.2f}-{_percentile(timings, 90) / median:.2f}"
+    )
+    print(
+        f"  each / the one before: 10th-90th percentile {_percentile(changes, 10):.2f}-{_percentile(changes, 90):.2f}"
+    )
+    thirds = [
+        statistics.median(timings[i * len(timings) // 3 : (i + 1) * len(timings) // 3]) / median for i in range(3)
+    ]
     print("  median of each third / median: " + ", ".join(f"{t:.2f}" for t in thirds))
 
 

@@ -45,9 +45,12 @@ def main() -> None:
     parser.add_argument("--shuffle_buffer", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--data_dir", default=DEBIAN_FASHION_MNIST_DIR)
-    parser.add_argument("--no_autotune", action="store_true",
-                        help="not textbook: switch tf.data autotuning off, as the engine does (also on the "
-                             "per-device datasets MirroredStrategy builds), to show what the exit delays cost")
+    parser.add_argument(
+        "--no_autotune",
+        action="store_true",
+        help="not textbook: switch tf.data autotuning off, as the engine does (also on the "
+        "per-device datasets MirroredStrategy builds), to show what the exit delays cost",
+    )
     args = parser.parse_args()
 
     configure_cpu_replicas(args.replicas)  # tf.config.set_logical_device_configuration, before TF starts
@@ -56,8 +59,12 @@ def main() -> None:
     (x_train, y_train), (x_test, y_test) = (read_idx_split(args.data_dir, split) for split in ("train", "test"))
     x_train = x_train[..., None].astype("float32") / 255.0
     x_test = x_test[..., None].astype("float32") / 255.0
-    train = (tf.data.Dataset.from_tensor_slices((x_train, y_train.astype("int32")))
-             .shuffle(args.shuffle_buffer, seed=args.seed).batch(args.global_batch).prefetch(tf.data.AUTOTUNE))
+    train = (
+        tf.data.Dataset.from_tensor_slices((x_train, y_train.astype("int32")))
+        .shuffle(args.shuffle_buffer, seed=args.seed)
+        .batch(args.global_batch)
+        .prefetch(tf.data.AUTOTUNE)
+    )
     test = tf.data.Dataset.from_tensor_slices((x_test, y_test.astype("int32"))).batch(args.global_batch)
     if args.no_autotune:
         from engine.data.pipelines import _device_datasets_without_autotune
@@ -71,9 +78,11 @@ def main() -> None:
     print(f"replicas: {strategy.num_replicas_in_sync}", flush=True)
     with strategy.scope():
         model = seed_cnn((28, 28, 1), 10)
-        model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"])
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-3),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
 
     model.fit(train, epochs=args.epochs, verbose=2)
     loss, accuracy = model.evaluate(test, verbose=0)

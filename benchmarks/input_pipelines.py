@@ -51,9 +51,12 @@ def write_all(directory: str, count: int) -> dict:
             tf.io.write_file(os.path.join(folder, f"{i:06d}.png"), tf.io.encode_png(image))
         tfrecord.write_shards(os.path.join(directory, "rec"), split, images, labels, 8)
         tfrecord.write_shards(os.path.join(directory, "raw"), split, images, labels, 8, png=False)
-    return {"npz": f"npz:{directory}/data.npz", "images": f"images:{directory}/images",
-            "tfrecord": f"tfrecord:{directory}/rec/train-*,{directory}/rec/test-*",
-            "tfrecord_raw": f"tfrecord:{directory}/raw/train-*,{directory}/raw/test-*"}
+    return {
+        "npz": f"npz:{directory}/data.npz",
+        "images": f"images:{directory}/images",
+        "tfrecord": f"tfrecord:{directory}/rec/train-*,{directory}/rec/test-*",
+        "tfrecord_raw": f"tfrecord:{directory}/raw/train-*,{directory}/raw/test-*",
+    }
 
 
 def pipeline_rate(source, batches: int) -> tuple[float, float]:
@@ -77,19 +80,37 @@ def pipeline_rate(source, batches: int) -> tuple[float, float]:
 
 def step_rate(dataset: str, model: str, steps: int, directory: str, input_mode: str = "auto") -> float:
     """Training steps/s of the engine on `dataset` (one replica; the first loop, with tracing, left out)."""
-    config = Config(dataset=dataset, model=model, global_batch=GLOBAL_BATCH, train_steps=steps, input_mode=input_mode,
-                    steps_per_loop=steps // 4, summaries="basic", export=False, seed=1, eval_every=steps,
-                    model_dir=tempfile.mkdtemp(dir=directory))
+    config = Config(
+        dataset=dataset,
+        model=model,
+        global_batch=GLOBAL_BATCH,
+        train_steps=steps,
+        input_mode=input_mode,
+        steps_per_loop=steps // 4,
+        summaries="basic",
+        export=False,
+        seed=1,
+        eval_every=steps,
+        model_dir=tempfile.mkdtemp(dir=directory),
+    )
     return train(config, out=open(os.devnull, "w")).train_examples_per_sec / GLOBAL_BATCH
 
 
-def trained_rate(dataset: str, model: str, steps: int, directory: str, autotune: bool = False,
-                 record_by_record: bool = False, input_mode: str = "auto") -> float:
+def trained_rate(
+    dataset: str,
+    model: str,
+    steps: int,
+    directory: str,
+    autotune: bool = False,
+    record_by_record: bool = False,
+    input_mode: str = "auto",
+) -> float:
     """step_rate with tf.data autotuning of the engine's pipelines on or off, and TFRecords of the
     default schema decoded a batch at a time (the engine's way) or record by record (the old way)."""
     saved = formats.AUTOTUNE_PIPELINES, sources.SOURCE_KINDS["tfrecord"]
     formats.AUTOTUNE_PIPELINES = autotune
     if record_by_record:
+
         def load_record_by_record(*args):
             source = tfrecord.load(*args)
             source.decode_batch = None
@@ -106,14 +127,17 @@ def trained_rate(dataset: str, model: str, steps: int, directory: str, autotune:
 # --input_mode). The pair the target judges runs back to back in alternating order
 # (measure.alternated); the others follow.
 CNN_PAIR = (("in memory", "npz", False, False, "auto"), ("TFRecord tensors", "tfrecord_raw", False, False, "auto"))
-CNN_OTHERS = (("in memory, autotune", "npz", True, False, "auto"),
-              ("in memory, tf.data pipeline", "npz", False, False, "distribute_dataset"),
-              ("TFRecord tensors, read into memory", "tfrecord_raw", False, False, "resident"),
-              ("TFRecord PNG", "tfrecord", False, False, "auto"), ("TFRecord PNG, autotune", "tfrecord", True, False, "auto"),
-              ("TFRecord PNG, per record", "tfrecord", False, True, "auto"),
-              ("TFRecord PNG, read into memory", "tfrecord", False, False, "resident"),
-              ("TFRecord tensors, autotune", "tfrecord_raw", True, False, "auto"),
-              ("TFRecord tensors, per record", "tfrecord_raw", False, True, "auto"))
+CNN_OTHERS = (
+    ("in memory, autotune", "npz", True, False, "auto"),
+    ("in memory, tf.data pipeline", "npz", False, False, "distribute_dataset"),
+    ("TFRecord tensors, read into memory", "tfrecord_raw", False, False, "resident"),
+    ("TFRecord PNG", "tfrecord", False, False, "auto"),
+    ("TFRecord PNG, autotune", "tfrecord", True, False, "auto"),
+    ("TFRecord PNG, per record", "tfrecord", False, True, "auto"),
+    ("TFRecord PNG, read into memory", "tfrecord", False, False, "resident"),
+    ("TFRecord tensors, autotune", "tfrecord_raw", True, False, "auto"),
+    ("TFRecord tensors, per record", "tfrecord_raw", False, True, "auto"),
+)
 
 
 def main():
@@ -125,27 +149,40 @@ def main():
     try:
         start = time.perf_counter()
         datasets = write_all(directory, count)
-        print(f"data     {count:,} train images 32x32x3 as npz, PNG folders, 8 TFRecord shards "
-              f"({time.perf_counter() - start:.0f} s to write)")
+        print(
+            f"data     {count:,} train images 32x32x3 as npz, PNG folders, 8 TFRecord shards "
+            f"({time.perf_counter() - start:.0f} s to write)"
+        )
         steps_per_sec = {model: step_rate(datasets["npz"], model, steps, directory) for model in ("cnn", "mlp")}
-        print("step     " + ", ".join(f"{m} {r:.1f} steps/s" for m, r in steps_per_sec.items())
-              + " (engine, in-memory npz, one replica)")
+        print(
+            "step     "
+            + ", ".join(f"{m} {r:.1f} steps/s" for m, r in steps_per_sec.items())
+            + " (engine, in-memory npz, one replica)"
+        )
         for kind, dataset in datasets.items():
             rate, cpu_ms = pipeline_rate(sources.load(Config(dataset=dataset, shuffle_buffer=2048)), batches)
-            print(f"{kind:13s}{rate:7.1f} batches/s alone = {rate * GLOBAL_BATCH:9,.0f} examples/s, "
-                  f"{cpu_ms:5.2f} ms CPU a batch; "
-                  + ", ".join(f"{rate / r:.2f}x the {m} step" for m, r in steps_per_sec.items()))
+            print(
+                f"{kind:13s}{rate:7.1f} batches/s alone = {rate * GLOBAL_BATCH:9,.0f} examples/s, "
+                f"{cpu_ms:5.2f} ms CPU a batch; "
+                + ", ".join(f"{rate / r:.2f}x the {m} step" for m, r in steps_per_sec.items())
+            )
         # The engine training cnn from each, interleaved over the rounds; ratios paired within a round.
         runs = {name: [] for name, *_ in CNN_PAIR + CNN_OTHERS}
         for index in range(rounds):
             for name, kind, autotune, per_record, input_mode in measure.alternated(CNN_PAIR, index) + CNN_OTHERS:
-                runs[name].append(trained_rate(datasets[kind], "cnn", steps, directory, autotune, per_record, input_mode))
-        print(f"\ntrain cnn (engine, one replica, {steps} steps; medians of {rounds} interleaved round(s); "
-              "ratio: to in memory in the same round, median (lowest-highest))")
+                runs[name].append(
+                    trained_rate(datasets[kind], "cnn", steps, directory, autotune, per_record, input_mode)
+                )
+        print(
+            f"\ntrain cnn (engine, one replica, {steps} steps; medians of {rounds} interleaved round(s); "
+            "ratio: to in memory in the same round, median (lowest-highest))"
+        )
         for name, rates in runs.items():
             paired = measure.spread([r / m for r, m in zip(rates, runs["in memory"])])
-            print(f"   {name:36s} {statistics.median(rates) * GLOBAL_BATCH:9,.0f} examples/s  "
-                  f"{models_table.ratio(paired)}")
+            print(
+                f"   {name:36s} {statistics.median(rates) * GLOBAL_BATCH:9,.0f} examples/s  "
+                f"{models_table.ratio(paired)}"
+            )
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 

@@ -86,12 +86,15 @@ WORKLOADS = {
     "mlp": Workload(dict(model="mlp"), 256, "28x28 synthetic; a tiny step: dispatch dominates"),
     "cnn": Workload(dict(model="cnn"), 256, "28x28 synthetic; the seed CNN"),
     "cnn_bn": Workload(dict(model="cnn_bn"), 256, "28x28 synthetic; 2 conv blocks, synchronised BN, dropout"),
-    "resnet20": Workload(dict(model="resnet20", synthetic_shape="32,32,3", synthetic_train_examples=10000,
-                              synthetic_test_examples=2000), 128, "32x32x3 synthetic; CIFAR ResNet-20"),
-    "language_model": Workload(dict(task="language_model", seq_len=128), 32,
-                               "byte Transformer, 128 tokens per example, 1 MB of text"),
+    "resnet20": Workload(
+        dict(model="resnet20", synthetic_shape="32,32,3", synthetic_train_examples=10000, synthetic_test_examples=2000),
+        128,
+        "32x32x3 synthetic; CIFAR ResNet-20",
+    ),
+    "language_model": Workload(
+        dict(task="language_model", seq_len=128), 32, "byte Transformer, 128 tokens per example, 1 MB of text"
+    ),
 }
-
 
 
 def config_for(name: str, workdir: str, **changes) -> Config:
@@ -101,18 +104,27 @@ def config_for(name: str, workdir: str, **changes) -> Config:
         flags["dataset"] = "text:" + os.path.join(workdir, TEXT_FILE)
     else:
         flags.setdefault("dataset", "synthetic")
-    return Config(global_batch=workload.batch, seed=1, export=False, eval_every=10**9,
-                  checkpoint_every=10**9, model_dir=tempfile.mkdtemp(prefix="bench_", dir=workdir),
-                  **flags, **changes)
+    return Config(
+        global_batch=workload.batch,
+        seed=1,
+        export=False,
+        eval_every=10**9,
+        checkpoint_every=10**9,
+        model_dir=tempfile.mkdtemp(prefix="bench_", dir=workdir),
+        **flags,
+        **changes,
+    )
 
 
 def write_text(path: str, size: int = 1 << 20) -> None:
     """Deterministic English-like text (words of a small vocabulary, sentences, lines)."""
-    words = ("the of and to in is was he for it with as his on be at by had are but from or have an they "
-             "which one you were all her she there would their we him been has when who will no more if out "
-             "so up said what its about than into them can only other time new some could these two may first "
-             "then do any like my now over such our man me even most made after also did many off before "
-             "must well back through years much where your way down should because long each just").split()
+    words = (
+        "the of and to in is was he for it with as his on be at by had are but from or have an they "
+        "which one you were all her she there would their we him been has when who will no more if out "
+        "so up said what its about than into them can only other time new some could these two may first "
+        "then do any like my now over such our man me even most made after also did many off before "
+        "must well back through years much where your way down should because long each just"
+    ).split()
     rng = np.random.default_rng(0)
     chunks, total = [], 0
     while total < size:
@@ -176,8 +188,14 @@ def engine_task(config, task_class, data) -> tuple:
     in the current strategy's scope, checkpointing into a fresh directory under the run's."""
     task = task_class(config, spec=data.spec)
     task.total_steps = 10**6
-    state = create_state(tf.distribute.get_strategy(), task, seed=1, is_chief=True, keep=1,
-                         model_dir=tempfile.mkdtemp(prefix="loop_", dir=config.model_dir))
+    state = create_state(
+        tf.distribute.get_strategy(),
+        task,
+        seed=1,
+        is_chief=True,
+        keep=1,
+        model_dir=tempfile.mkdtemp(prefix="loop_", dir=config.model_dir),
+    )
     return task, state
 
 
@@ -188,8 +206,13 @@ def engine_loop_timer(config, task_class, data, batch, steps: int, iterator=None
     iterator: what the loop reads its batches from instead (e.g. a resident data iterator)."""
     strategy = tf.distribute.get_strategy()
     task, state = engine_task(config, task_class, data)
-    loop = make_train_loop(strategy, task, state.global_step, update_summaries=config.summaries == "full",
-                           gradients=config.histogram_every > 0)
+    loop = make_train_loop(
+        strategy,
+        task,
+        state.global_step,
+        update_summaries=config.summaries == "full",
+        gradients=config.histogram_every > 0,
+    )
     iterator = _ConstantBatch(batch) if iterator is None else iterator
     return measure.steps_timer(lambda n: loop(iterator, tf.constant(n))["steps"].numpy(), steps)
 
@@ -198,11 +221,15 @@ def fit_rate(config, task_class, data, steps_per_execution, steps, epochs) -> fl
     gc.collect()  # the earlier measurements' models and graphs: not this run's time
     task, model, optimizer = fresh_task(config, task_class, data)
     sequences = data.spec.labels.shape.rank > 0  # per-token targets: padding (-1) is ignored, as the task does
-    model.compile(optimizer=optimizer, metrics=["accuracy"], steps_per_execution=steps_per_execution,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True,
-                                                                  ignore_class=-1 if sequences else None))
-    return measure.fit_examples_per_sec(model, data.train_dataset(config.global_batch, seed=1),
-                                        config.global_batch, steps, epochs)
+    model.compile(
+        optimizer=optimizer,
+        metrics=["accuracy"],
+        steps_per_execution=steps_per_execution,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1 if sequences else None),
+    )
+    return measure.fit_examples_per_sec(
+        model, data.train_dataset(config.global_batch, seed=1), config.global_batch, steps, epochs
+    )
 
 
 # The measurements of one round; every round runs each once. Those the judged ratios pair (engine /
@@ -279,8 +306,9 @@ def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> 
     # highest of 2-3 noisy draws, which taken as a round's "fit best" would favour fit in that round.
     # Then every round times each measurement once, in round_order, so a burst of load hits all of
     # them alike, and the ratios are taken within a round (paired), then summarised over the rounds.
-    sweep = {spe: fit_rate(config, task_class, data, spe, steps, fit_epochs)
-             for spe in (1, 10, 100, 1000) if spe <= spl}
+    sweep = {
+        spe: fit_rate(config, task_class, data, spe, steps, fit_epochs) for spe in (1, 10, 100, 1000) if spe <= spl
+    }
     best_spe = max(sweep, key=sweep.get)
     measure_once = {  # examples/s of one timing of each measurement, built afresh
         **{key: lambda key=key: batch / fresh_timer(key)() for key in ("bare", "bare in turn", "fed", "engine loop")},
@@ -288,7 +316,8 @@ def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> 
         "engine pipeline": lambda: engine_rate(input_mode="distribute_dataset"),
         "engine guarded": lambda: engine_rate(on_nonfinite="skip"),
         "fit best": lambda: fit_rate(config, task_class, data, best_spe, steps, fit_epochs),
-        "fit default": lambda: fit_rate(config, task_class, data, 1, steps, fit_epochs)}
+        "fit default": lambda: fit_rate(config, task_class, data, 1, steps, fit_epochs),
+    }
     rounds = []
     for index in range(1 if quick else num_rounds):
         measured = {}
@@ -297,18 +326,27 @@ def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> 
         rounds.append(measured)
     column = {key: [r[key] for r in rounds] for key in ROUND}
     return dict(
-        model=name, batch=batch, parameters=parameters, gradient_bytes=gradient_bytes,
-        flops_per_example=flops / batch, best_spe=best_spe, steps_per_loop=spl, sweep=sweep, rounds=rounds,
+        model=name,
+        batch=batch,
+        parameters=parameters,
+        gradient_bytes=gradient_bytes,
+        flops_per_example=flops / batch,
+        best_spe=best_spe,
+        steps_per_loop=spl,
+        sweep=sweep,
+        rounds=rounds,
         medians={key: statistics.median(values) for key, values in column.items()},
-        ratios={"engine / bare": measure.spread([r["engine"] / r["bare"] for r in rounds]),
-                "engine / bare in turn": measure.spread([r["engine"] / r["bare in turn"] for r in rounds]),
-                "engine / fit best": measure.spread([r["engine"] / r["fit best"] for r in rounds]),
-                "engine / fit default": measure.spread([r["engine"] / r["fit default"] for r in rounds]),
-                "pipeline / bare": measure.spread([r["engine pipeline"] / r["bare"] for r in rounds]),
-                "pipeline / fit best": measure.spread([r["engine pipeline"] / r["fit best"] for r in rounds]),
-                "fed / bare": measure.spread([r["fed"] / r["bare"] for r in rounds]),
-                "loop / bare": measure.spread([r["engine loop"] / r["bare"] for r in rounds]),
-                "guarded / engine": measure.spread([r["engine guarded"] / r["engine"] for r in rounds])},
+        ratios={
+            "engine / bare": measure.spread([r["engine"] / r["bare"] for r in rounds]),
+            "engine / bare in turn": measure.spread([r["engine"] / r["bare in turn"] for r in rounds]),
+            "engine / fit best": measure.spread([r["engine"] / r["fit best"] for r in rounds]),
+            "engine / fit default": measure.spread([r["engine"] / r["fit default"] for r in rounds]),
+            "pipeline / bare": measure.spread([r["engine pipeline"] / r["bare"] for r in rounds]),
+            "pipeline / fit best": measure.spread([r["engine pipeline"] / r["fit best"] for r in rounds]),
+            "fed / bare": measure.spread([r["fed"] / r["bare"] for r in rounds]),
+            "loop / bare": measure.spread([r["engine loop"] / r["bare"] for r in rounds]),
+            "guarded / engine": measure.spread([r["engine guarded"] / r["engine"] for r in rounds]),
+        },
     )
 
 
@@ -316,9 +354,16 @@ def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> 
 def peak_rss(name: str, workdir: str, steps_per_loop: int) -> int:
     """Peak RSS (bytes) of `python run.py` training the model for 2 loops and evaluating once."""
     config = config_for(name, workdir)
-    wanted = dict(WORKLOADS[name].flags, dataset=config.dataset, global_batch=config.global_batch, seed=1,
-                  model_dir=config.model_dir, steps_per_loop=steps_per_loop, train_steps=2 * steps_per_loop,
-                  summaries="basic")
+    wanted = dict(
+        WORKLOADS[name].flags,
+        dataset=config.dataset,
+        global_batch=config.global_batch,
+        seed=1,
+        model_dir=config.model_dir,
+        steps_per_loop=steps_per_loop,
+        train_steps=2 * steps_per_loop,
+        summaries="basic",
+    )
     command = [sys.executable, os.path.join(REPO, "run.py"), "--noexport"] + [f"--{k}={v}" for k, v in wanted.items()]
     code, rss, output = measure.run_peak_rss_bytes(command, cwd=REPO)
     if code != 0:
@@ -328,38 +373,53 @@ def peak_rss(name: str, workdir: str, steps_per_loop: int) -> int:
 
 def child(name: str, workdir: str, quick: bool, rounds: int) -> dict:
     """Runs one model's measurements in a fresh process; its result dict."""
-    command = [sys.executable, "-m", "benchmarks.models", f"--child={name}", f"--workdir={workdir}",
-               f"--rounds={rounds}"]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.models",
+        f"--child={name}",
+        f"--workdir={workdir}",
+        f"--rounds={rounds}",
+    ]
     if quick:
         command.append("--quick")
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=3600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{name}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def print_tables(report: dict) -> None:
     results, peak = report["results"], report["peak"]
     print("\n1. engine against its ceiling and against model.fit (its verdict on the targets under the table)")
-    print("   bare: the compiled step on one constant batch; + input: fed by the engine's tf.data pipeline; "
-          "engine loop, no input: the engine's compiled loop on the bare step's constant batch; "
-          "engine: its defaults (arrays resident) at --steps_per_loop (steps / loop); pipeline: "
-          "--input_mode=distribute_dataset; guarded: --on_nonfinite=skip (the update waits for the finite check)\n")
+    print(
+        "   bare: the compiled step on one constant batch; + input: fed by the engine's tf.data pipeline; "
+        "engine loop, no input: the engine's compiled loop on the bare step's constant batch; "
+        "engine: its defaults (arrays resident) at --steps_per_loop (steps / loop); pipeline: "
+        "--input_mode=distribute_dataset; guarded: --on_nonfinite=skip (the update waits for the finite check)\n"
+    )
     print(models_table.engine_table(report))
     print("   (every round's figures: --json)")
 
     print(f"\n2. achieved FLOP/s against the float32 matmul peak ({peak / 1e9:,.1f} GFLOP/s) and memory")
-    print(f"   {'model':15s} {'parameters':>10s} {'MFLOP/example':>13s} {'engine GFLOP/s':>14s} "
-          f"{'of peak':>7s} {'bare of peak':>12s} {'peak RSS':>9s}")
+    print(
+        f"   {'model':15s} {'parameters':>10s} {'MFLOP/example':>13s} {'engine GFLOP/s':>14s} "
+        f"{'of peak':>7s} {'bare of peak':>12s} {'peak RSS':>9s}"
+    )
     for r in results:
         achieved = r["medians"]["engine"] * r["flops_per_example"]
-        print(f"   {r['model']:15s} {r['parameters']:>10,d} {r['flops_per_example'] / 1e6:>13,.2f} "
-              f"{achieved / 1e9:>14,.1f} {achieved / peak:>7.1%} {r['medians']['bare'] * r['flops_per_example'] / peak:>12.1%} "
-              f"{r['peak_rss'] / 2**20:>6,.0f} MiB")
+        print(
+            f"   {r['model']:15s} {r['parameters']:>10,d} {r['flops_per_example'] / 1e6:>13,.2f} "
+            f"{achieved / 1e9:>14,.1f} {achieved / peak:>7.1%} "
+            f"{r['medians']['bare'] * r['flops_per_example'] / peak:>12.1%} "
+            f"{r['peak_rss'] / 2**20:>6,.0f} MiB"
+        )
 
-    print("\n3. at scale, on paper: predicted efficiency t_step / (t_step + t_allreduce) with the step time "
-          "measured here (per replica, whole batch); links and formula: benchmarks/models_table.py\n")
+    print(
+        "\n3. at scale, on paper: predicted efficiency t_step / (t_step + t_allreduce) with the step time "
+        "measured here (per replica, whole batch); links and formula: benchmarks/models_table.py\n"
+    )
     print(models_table.at_scale_table(report))
 
 
@@ -367,8 +427,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
     parser.add_argument("--quick", action="store_true", help="fewer steps and repeats (a smoke run)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="interleaved rounds per model (each about 1-2 minutes on 2 cores); 1 with --quick")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds per model (each about 1-2 minutes on 2 cores); 1 with --quick",
+    )
     parser.add_argument("--json", help="also write every result to this JSON file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
@@ -398,9 +462,13 @@ def main() -> None:
             result = child(name, workdir, args.quick, args.rounds)
             result["peak_rss"] = peak_rss(name, workdir, result["steps_per_loop"])
             results.append(result)
-    report = dict(device=measure.device_description(), peak=peak, results=results,
-                  versions=f"TensorFlow {tf.__version__}, Keras {keras.__version__}",
-                  seconds=round(time.perf_counter() - started))
+    report = dict(
+        device=measure.device_description(),
+        peak=peak,
+        results=results,
+        versions=f"TensorFlow {tf.__version__}, Keras {keras.__version__}",
+        seconds=round(time.perf_counter() - started),
+    )
     print_tables(report)
     print(f"\n(whole benchmark {report['seconds']:,} s)")
     if args.json:

@@ -48,7 +48,7 @@ def rate(value: float) -> str:
 
 
 def ratio(summary: dict) -> str:
-    """"0.93 (0.90-0.95)": the median of the per-round ratios and their lowest and highest."""
+    """ "0.93 (0.90-0.95)": the median of the per-round ratios and their lowest and highest."""
     if summary["low"] == summary["high"]:
         return f"{summary['median']:.2f}"
     return f"{summary['median']:.2f} ({summary['low']:.2f}-{summary['high']:.2f})"
@@ -56,23 +56,35 @@ def ratio(summary: dict) -> str:
 
 def engine_table(report: dict) -> str:
     """The markdown table of every model's examples/s (medians over the rounds) and paired ratios."""
-    rows = ["| model | batch | bare step | + input | engine loop, no input | engine (steps / loop) | engine, pipeline "
-            "| engine, guarded "
-            "| fit spe=1 | fit best (spe) | loop / bare | engine / bare | pipeline / bare | engine / fit best "
-            "| pipeline / fit best |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| model | batch | bare step | + input | engine loop, no input | engine (steps / loop) | engine, pipeline "
+        "| engine, guarded "
+        "| fit spe=1 | fit best (spe) | loop / bare | engine / bare | pipeline / bare | engine / fit best "
+        "| pipeline / fit best |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in report["results"]:
         m, q = r["medians"], r["ratios"]
-        rows.append(f"| `{NAMES.get(r['model'], r['model'])}` | {r['batch']} | {rate(m['bare'])} | {rate(m['fed'])} "
-                    f"| {rate(m['engine loop'])} | {rate(m['engine'])} ({r['steps_per_loop']}) "
-                    f"| {rate(m['engine pipeline'])} "
-                    f"| {rate(m['engine guarded'])} | {rate(m['fit default'])} | {rate(m['fit best'])} ({r['best_spe']}) "
-                    f"| {ratio(q['loop / bare'])} | {ratio(q['engine / bare'])} | {ratio(q['pipeline / bare'])} "
-                    f"| {ratio(q['engine / fit best'])} | {ratio(q['pipeline / fit best'])} |")
+        rows.append(
+            f"| `{NAMES.get(r['model'], r['model'])}` | {r['batch']} | {rate(m['bare'])} | {rate(m['fed'])} "
+            f"| {rate(m['engine loop'])} | {rate(m['engine'])} ({r['steps_per_loop']}) "
+            f"| {rate(m['engine pipeline'])} "
+            f"| {rate(m['engine guarded'])} | {rate(m['fit default'])} | {rate(m['fit best'])} ({r['best_spe']}) "
+            f"| {ratio(q['loop / bare'])} | {ratio(q['engine / bare'])} | {ratio(q['pipeline / bare'])} "
+            f"| {ratio(q['engine / fit best'])} | {ratio(q['pipeline / fit best'])} |"
+        )
     rounds = len(report["results"][0]["rounds"]) if report["results"] else 0
-    return "\n".join(rows) + (f"\n\n{report['device']}; {report.get('versions', '')}; {rounds} interleaved "
-                              f"round(s); examples/s are medians, ratios the median (lowest-highest) of the "
-                              f"rounds' paired ratios.") + in_turn_line(report) + "\n\n" + targets_line(report)
+    return (
+        "\n".join(rows)
+        + (
+            f"\n\n{report['device']}; {report.get('versions', '')}; {rounds} interleaved "
+            f"round(s); examples/s are medians, ratios the median (lowest-highest) of the "
+            f"rounds' paired ratios."
+        )
+        + in_turn_line(report)
+        + "\n\n"
+        + targets_line(report)
+    )
 
 
 # The targets a run is judged by (issue 26): engine / bare at least BARE_TARGET, or
@@ -95,18 +107,24 @@ def missed_targets(report: dict, bare: str = "engine / bare") -> list:
 def targets_line(report: dict) -> str:
     """The run's verdict on the targets, by the medians of its paired ratios; against the bare step
     on batches in turn too, for runs that measured it."""
+
     def verdict(bare: str) -> str:
         missed = missed_targets(report, bare)
         if not missed:
             return f"met on all {len(report['results'])} models"
         # three decimals: a median of 0.996 misses 1.0 though it prints as 1.00 in the table
-        return "missed: " + "; ".join(f"`{NAMES.get(model, model)}` {key} {summary['median']:.3f} "
-                                      f"({summary['low']:.2f}-{summary['high']:.2f}; target {target:.2f})"
-                                      for model, key, summary, target in missed)
+        return "missed: " + "; ".join(
+            f"`{NAMES.get(model, model)}` {key} {summary['median']:.3f} "
+            f"({summary['low']:.2f}-{summary['high']:.2f}; target {target:.2f})"
+            for model, key, summary, target in missed
+        )
 
-    line = (f"Targets (engine / bare >= {BARE_TARGET:.2f}, >= {BARE_TARGET_SLOW:.2f} where the bare step takes over "
-            f"{SLOW_STEP_SECONDS * 1e3:.0f} ms; engine / fit best >= {FIT_TARGET:.1f}; medians of the rounds): "
-            + verdict("engine / bare") + ".")
+    line = (
+        f"Targets (engine / bare >= {BARE_TARGET:.2f}, >= {BARE_TARGET_SLOW:.2f} where the bare step takes over "
+        f"{SLOW_STEP_SECONDS * 1e3:.0f} ms; engine / fit best >= {FIT_TARGET:.1f}; medians of the rounds): "
+        + verdict("engine / bare")
+        + "."
+    )
     if any("engine / bare in turn" in r["ratios"] for r in report["results"]):
         line += " Judged against the bare step on batches in turn instead: " + verdict("engine / bare in turn") + "."
     return line
@@ -118,22 +136,31 @@ def in_turn_line(report: dict) -> str:
     measured = [r for r in report["results"] if "engine / bare in turn" in r["ratios"]]
     if not measured:
         return ""
-    return ("\n\nengine / bare step on batches in turn (64 batches held in memory, the next each step: "
-            "nothing gathered or piped, but not the batch the cache just held): "
-            + ", ".join(f"`{NAMES.get(r['model'], r['model'])}` {ratio(r['ratios']['engine / bare in turn'])}"
-                        for r in measured) + ".")
+    return (
+        "\n\nengine / bare step on batches in turn (64 batches held in memory, the next each step: "
+        "nothing gathered or piped, but not the batch the cache just held): "
+        + ", ".join(
+            f"`{NAMES.get(r['model'], r['model'])}` {ratio(r['ratios']['engine / bare in turn'])}" for r in measured
+        )
+        + "."
+    )
 
 
 def flops_table(report: dict) -> str:
     """Parameters, FLOPs, achieved FLOP/s against the matmul peak, and the peak RSS of run.py."""
     peak = report["peak"]
-    rows = [f"| model | parameters | MFLOP / example | engine GFLOP/s | of the matmul peak ({peak / 1e9:,.0f} GFLOP/s) "
-            "| bare step, of the peak | peak RSS of `run.py` |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        f"| model | parameters | MFLOP / example | engine GFLOP/s | of the matmul peak ({peak / 1e9:,.0f} GFLOP/s) "
+        "| bare step, of the peak | peak RSS of `run.py` |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in report["results"]:
         achieved, bare = (r["medians"][key] * r["flops_per_example"] for key in ("engine", "bare"))
-        rows.append(f"| `{NAMES.get(r['model'], r['model'])}` | {r['parameters']:,} | {r['flops_per_example'] / 1e6:,.2f} "
-                    f"| {achieved / 1e9:,.1f} | {achieved / peak:.0%} | {bare / peak:.0%} "
-                    f"| {r['peak_rss'] / 2**20:,.0f} MiB |")
+        rows.append(
+            f"| `{NAMES.get(r['model'], r['model'])}` | {r['parameters']:,} | {r['flops_per_example'] / 1e6:,.2f} "
+            f"| {achieved / 1e9:,.1f} | {achieved / peak:.0%} | {bare / peak:.0%} "
+            f"| {r['peak_rss'] / 2**20:,.0f} MiB |"
+        )
     return "\n".join(rows)
 
 
@@ -142,15 +169,24 @@ def at_scale_table(report: dict) -> str:
     efficiency t_step / (t_step + t_allreduce) on each of AT_SCALE_LINKS, with the step time at
     which the all-reduce takes 10 % (9 x t_allreduce)."""
     short = ("8 GPUs, 1 host", "4 x 8, 100 Gb/s", "4 x 8, 8 x 200 Gb/s")
-    rows = ["| model | MB all-reduced / step | step here (whole batch) | " + " | ".join(short)
-            + " | step needed for 90 % (" + " / ".join(short) + ") |",
-            "|---|---|---|" + "---|" * len(short) + "---|"]
+    rows = [
+        "| model | MB all-reduced / step | step here (whole batch) | "
+        + " | ".join(short)
+        + " | step needed for 90 % ("
+        + " / ".join(short)
+        + ") |",
+        "|---|---|---|" + "---|" * len(short) + "---|",
+    ]
     for r in report["results"]:
         step = r["batch"] / r["medians"]["engine"]
         allreduce = [allreduce_seconds(r["gradient_bytes"], *link[1:]) for link in AT_SCALE_LINKS]
-        rows.append(f"| `{NAMES.get(r['model'], r['model'])}` | {r['gradient_bytes'] / 1e6:.2f} | {step * 1e3:.1f} ms | "
-                    + " | ".join(f"{step / (step + t):.1%}" for t in allreduce)
-                    + " | " + " / ".join(f"{9 * t * 1e3:.2f}" for t in allreduce) + " ms |")
+        rows.append(
+            f"| `{NAMES.get(r['model'], r['model'])}` | {r['gradient_bytes'] / 1e6:.2f} | {step * 1e3:.1f} ms | "
+            + " | ".join(f"{step / (step + t):.1%}" for t in allreduce)
+            + " | "
+            + " / ".join(f"{9 * t * 1e3:.2f}" for t in allreduce)
+            + " ms |"
+        )
     return "\n".join(rows)
 
 
@@ -176,8 +212,11 @@ def rendered(text: str, report: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json_file", help="the output of python -m benchmarks.models --json=FILE")
-    parser.add_argument("--print", action="store_true",
-                        help="print the file's tables instead of rewriting docs/performance.md's (e.g. another host's run)")
+    parser.add_argument(
+        "--print",
+        action="store_true",
+        help="print the file's tables instead of rewriting docs/performance.md's (e.g. another host's run)",
+    )
     args = parser.parse_args()
     with open(args.json_file) as f:
         report = json.load(f)

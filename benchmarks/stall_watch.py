@@ -23,10 +23,21 @@ from engine.controller.trainer import train  # noqa: E402
 
 
 def throughput(model: str, stall_timeout: float, workdir: str, run: int) -> float:
-    config = Config(dataset="synthetic", synthetic_train_examples=16384, synthetic_test_examples=256, model=model,
-                    global_batch=256, train_steps=400 if model == "mlp" else 120, steps_per_loop=20, seed=1,
-                    export=False, summaries="basic", eval_every=-1, stall_timeout=stall_timeout,
-                    model_dir=os.path.join(workdir, f"{model}-{stall_timeout:g}-{run}"))
+    config = Config(
+        dataset="synthetic",
+        synthetic_train_examples=16384,
+        synthetic_test_examples=256,
+        model=model,
+        global_batch=256,
+        train_steps=400 if model == "mlp" else 120,
+        steps_per_loop=20,
+        seed=1,
+        export=False,
+        summaries="basic",
+        eval_every=-1,
+        stall_timeout=stall_timeout,
+        model_dir=os.path.join(workdir, f"{model}-{stall_timeout:g}-{run}"),
+    )
     return train(config, out=open(os.devnull, "w")).train_examples_per_sec
 
 
@@ -43,9 +54,11 @@ def main(argv=None) -> int:
             on.append(throughput(args.model, 10.0, workdir, run))  # reads every second
     ratio = statistics.median(on) / statistics.median(off)
     spread = (max(off) - min(off)) / statistics.median(off)
-    print(f"{args.model}: examples/s with the stall watch (--stall_timeout=10) {statistics.median(on):,.0f}, without "
-          f"{statistics.median(off):,.0f}; ratio {ratio:.3f} (repeats {args.repeats}, spread of the runs without: "
-          f"{spread:.1%}); target >= 0.99")
+    print(
+        f"{args.model}: examples/s with the stall watch (--stall_timeout=10) {statistics.median(on):,.0f}, without "
+        f"{statistics.median(off):,.0f}; ratio {ratio:.3f} (repeats {args.repeats}, spread of the runs without: "
+        f"{spread:.1%}); target >= 0.99"
+    )
     return 0
 
 

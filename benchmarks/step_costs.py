@@ -64,8 +64,14 @@ def timers(name: str, workdir: str) -> tuple:
         """The engine's replica step alone on the constant batch (its outputs all used, so none is pruned)."""
         strategy = tf.distribute.get_strategy()
         task, _ = models.engine_task(config, task_class, data)
-        step = _TrainStep(task, tuple(task.train_metrics), accum_steps=1, jit_compile=False,
-                          update_summaries=config.summaries == "full", keep_gradients=False)
+        step = _TrainStep(
+            task,
+            tuple(task.train_metrics),
+            accum_steps=1,
+            jit_compile=False,
+            update_summaries=config.summaries == "full",
+            keep_gradients=False,
+        )
 
         def body():
             stacked, bad, applied, _ = strategy.run(step, args=((features, labels),))
@@ -96,8 +102,9 @@ def timers(name: str, workdir: str) -> tuple:
         "engine step, no loop": lambda: measure.call_timer(engine_step_body(), steps),
         "engine loop": lambda: models.engine_loop_timer(config, task_class, data, (features, labels), steps),
         "engine loop, basic": lambda: models.engine_loop_timer(basic, task_class, data, (features, labels), steps),
-        "engine loop, resident": lambda: models.engine_loop_timer(config, task_class, data, None, steps,
-                                                                   iterator=resident_iterator()),
+        "engine loop, resident": lambda: models.engine_loop_timer(
+            config, task_class, data, None, steps, iterator=resident_iterator()
+        ),
         "resident input alone": lambda: measure.call_timer(input_body(), steps),
     }, batch
 
@@ -109,8 +116,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds={args.rounds}: give 1 or more")
-    print(f"device: {measure.device_description()}; TensorFlow {tf.__version__}; {args.model}, "
-          f"{args.rounds} rounds", flush=True)
+    print(
+        f"device: {measure.device_description()}; TensorFlow {tf.__version__}; {args.model}, {args.rounds} rounds",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="bench_step_costs_") as workdir:
         models.write_text(os.path.join(workdir, models.TEXT_FILE))
         build, batch = timers(args.model, workdir)

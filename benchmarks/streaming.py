@@ -31,8 +31,13 @@ GLOBAL_BATCH = 256
 
 def _phase(name, *args):
     """Runs this module's `name` phase in a fresh process; returns its JSON result."""
-    out = subprocess.run([sys.executable, "-m", "benchmarks.streaming", f"--phase={name}", *args],
-                         cwd=REPO, capture_output=True, text=True, timeout=1800)
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.streaming", f"--phase={name}", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if out.returncode != 0:
         raise SystemExit(f"phase {name} failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -60,8 +65,13 @@ def write(directory, gigabytes):
         y = rng.integers(0, 10, n)
         paths = tfrecord.write_shards(os.path.join(directory, f"part{offset // chunk:04d}"), "train", x, y, 1)
         writers[offset] = paths[0]
-    tfrecord.write_shards(os.path.join(directory, "test"), "test",
-                          rng.integers(0, 256, (512, *SHAPE), dtype=np.uint8), rng.integers(0, 10, 512), 1)
+    tfrecord.write_shards(
+        os.path.join(directory, "test"),
+        "test",
+        rng.integers(0, 256, (512, *SHAPE), dtype=np.uint8),
+        rng.integers(0, 10, 512),
+        1,
+    )
     size = sum(os.path.getsize(p) for p in writers.values())
     return {"examples": count, "bytes": size, "files": len(writers), "seconds": time.perf_counter() - start}
 
@@ -86,18 +96,32 @@ def pipeline(directory, batches, skip):
     for _ in range(batches):
         next(iterator)
     seconds = time.perf_counter() - start
-    return {"batches_per_sec": batches / seconds, "first_batch_seconds": first, "skip": skip,
-            "peak_rss_mib": _peak_rss_mib()}
+    return {
+        "batches_per_sec": batches / seconds,
+        "first_batch_seconds": first,
+        "skip": skip,
+        "peak_rss_mib": _peak_rss_mib(),
+    }
 
 
 def train(directory, steps):
     from engine.config import Config
     from engine.controller.trainer import train as run
 
-    config = Config(dataset=f"tfrecord:{directory}/part*/train-*,{directory}/test/test-*", model="mlp",
-                    global_batch=GLOBAL_BATCH, train_steps=steps, steps_per_loop=50, eval_every=0,
-                    checkpoint_every=steps, summaries="basic", export=False, seed=1,
-                    model_dir=os.path.join(directory, "run"), shuffle_buffer=2048)
+    config = Config(
+        dataset=f"tfrecord:{directory}/part*/train-*,{directory}/test/test-*",
+        model="mlp",
+        global_batch=GLOBAL_BATCH,
+        train_steps=steps,
+        steps_per_loop=50,
+        eval_every=0,
+        checkpoint_every=steps,
+        summaries="basic",
+        export=False,
+        seed=1,
+        model_dir=os.path.join(directory, "run"),
+        shuffle_buffer=2048,
+    )
     result = run(config, out=open(os.devnull, "w"))
     return {"examples_per_sec": result.train_examples_per_sec, "steps": steps, "peak_rss_mib": _peak_rss_mib()}
 
@@ -124,20 +148,28 @@ def main():
 
         shutil.rmtree(args.dir, ignore_errors=True)
         written = _phase("write", *common)
-        print(f"write    {written['examples']:,} examples, {written['bytes'] / 2**30:.2f} GiB in "
-              f"{written['files']} files ({written['seconds']:.0f} s)")
+        print(
+            f"write    {written['examples']:,} examples, {written['bytes'] / 2**30:.2f} GiB in "
+            f"{written['files']} files ({written['seconds']:.0f} s)"
+        )
         alone = _phase("pipeline", *common)
-        print(f"pipeline {alone['batches_per_sec']:.1f} batches/s of {GLOBAL_BATCH} alone "
-              f"({alone['batches_per_sec'] * GLOBAL_BATCH:,.0f} examples/s), peak RSS {alone['peak_rss_mib']:,.0f} MiB")
+        print(
+            f"pipeline {alone['batches_per_sec']:.1f} batches/s of {GLOBAL_BATCH} alone "
+            f"({alone['batches_per_sec'] * GLOBAL_BATCH:,.0f} examples/s), peak RSS {alone['peak_rss_mib']:,.0f} MiB"
+        )
         trained = _phase("train", *common)
         steps_per_sec = trained["examples_per_sec"] / GLOBAL_BATCH
-        print(f"train    {trained['examples_per_sec']:,.0f} examples/s = {steps_per_sec:.1f} steps/s over "
-              f"{trained['steps']} steps; peak RSS {trained['peak_rss_mib']:,.0f} MiB "
-              f"(data on disk {written['bytes'] / 2**20:,.0f} MiB); pipeline / step rate = "
-              f"{alone['batches_per_sec'] / steps_per_sec:.2f}")
+        print(
+            f"train    {trained['examples_per_sec']:,.0f} examples/s = {steps_per_sec:.1f} steps/s over "
+            f"{trained['steps']} steps; peak RSS {trained['peak_rss_mib']:,.0f} MiB "
+            f"(data on disk {written['bytes'] / 2**20:,.0f} MiB); pipeline / step rate = "
+            f"{alone['batches_per_sec'] / steps_per_sec:.2f}"
+        )
         resumed = _phase("resume", *common)
-        print(f"resume   first batch after skipping {resumed['skip']} steps: "
-              f"{resumed['first_batch_seconds']:.2f} s (from step 0: {alone['first_batch_seconds']:.2f} s)")
+        print(
+            f"resume   first batch after skipping {resumed['skip']} steps: "
+            f"{resumed['first_batch_seconds']:.2f} s (from step 0: {alone['first_batch_seconds']:.2f} s)"
+        )
         shutil.rmtree(args.dir, ignore_errors=True)
 
 

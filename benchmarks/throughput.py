@@ -36,13 +36,23 @@ from engine.controller.trainer import train  # noqa: E402
 GLOBAL_BATCH = 256
 
 
-def engine_examples_per_sec(steps_per_loop: int, loops: int, strategy="default", cpu_replicas=1,
-                            precision="float32") -> float:
+def engine_examples_per_sec(
+    steps_per_loop: int, loops: int, strategy="default", cpu_replicas=1, precision="float32"
+) -> float:
     """Median-free single measurement: the trainer's own throughput, first (tracing) loop excluded."""
     config = Config(
-        strategy=strategy, cpu_replicas=cpu_replicas, dataset="synthetic", model="cnn", precision=precision,
-        global_batch=GLOBAL_BATCH, steps_per_loop=steps_per_loop, train_steps=steps_per_loop * (loops + 1),
-        eval_every=10**9, checkpoint_every=10**9, seed=1, export=False,
+        strategy=strategy,
+        cpu_replicas=cpu_replicas,
+        dataset="synthetic",
+        model="cnn",
+        precision=precision,
+        global_batch=GLOBAL_BATCH,
+        steps_per_loop=steps_per_loop,
+        train_steps=steps_per_loop * (loops + 1),
+        eval_every=10**9,
+        checkpoint_every=10**9,
+        seed=1,
+        export=False,
         model_dir=tempfile.mkdtemp(prefix="bench_engine_"),
     )
     return train(config, out=open(os.devnull, "w")).train_examples_per_sec
@@ -55,9 +65,12 @@ def fit_examples_per_sec(steps_per_execution: int, steps: int, epochs: int, prec
     keras.mixed_precision.set_dtype_policy(precision)
     model = build_model("cnn", data.spec.input_shape, data.spec.num_classes)
     keras.mixed_precision.set_dtype_policy("float32")
-    model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"], steps_per_execution=steps_per_execution)
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        steps_per_execution=steps_per_execution,
+    )
     return measure.fit_examples_per_sec(model, dataset, GLOBAL_BATCH, steps, epochs)
 
 
@@ -77,8 +90,9 @@ def step_parts() -> dict:
 
     def full():
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
-                labels, model(images, training=True), from_logits=True))
+            loss = tf.reduce_mean(
+                keras.losses.sparse_categorical_crossentropy(labels, model(images, training=True), from_logits=True)
+            )
         optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 
@@ -126,8 +140,18 @@ def seconds_to_first_loop() -> float:
     """Process start to the first progress line of a fresh `python run.py` (imports included)."""
     with tempfile.TemporaryDirectory() as model_dir:
         run = whole_process.run_process(
-            ["run.py", "--dataset=synthetic", "--train_steps=10", "--steps_per_loop=10", f"--model_dir={model_dir}",
-             "--seed=1", "--noexport"], whole_process.ENGINE_DONE, first_pattern=whole_process.ENGINE_PROGRESS)
+            [
+                "run.py",
+                "--dataset=synthetic",
+                "--train_steps=10",
+                "--steps_per_loop=10",
+                f"--model_dir={model_dir}",
+                "--seed=1",
+                "--noexport",
+            ],
+            whole_process.ENGINE_DONE,
+            first_pattern=whole_process.ENGINE_PROGRESS,
+        )
     return run["first"]
 
 
@@ -156,8 +180,10 @@ def main() -> None:
     print(f"   ratio engine / fit = {engine_median / fit_median:.2f} (target >= 1.5)")
     bf16 = statistics.median(engine_examples_per_sec(100, loops, precision="mixed_bfloat16") for _ in range(repeats))
     fit_bf16 = fit_examples_per_sec(best_spe, fit_steps, epochs=2, precision="mixed_bfloat16")
-    print(f"   engine --precision=mixed_bfloat16 {bf16:>9,.0f} ex/s (median of {repeats}) = "
-          f"{bf16 / fit_median:.2f} x fit float32; fit under the same Keras policy {fit_bf16:,.0f} ex/s\n")
+    print(
+        f"   engine --precision=mixed_bfloat16 {bf16:>9,.0f} ex/s (median of {repeats}) = "
+        f"{bf16 / fit_median:.2f} x fit float32; fit under the same Keras policy {fit_bf16:,.0f} ex/s\n"
+    )
 
     print("2. achieved FLOP/s against the float32 matmul peak")
     peak = measure.matmul_peak_flops()
@@ -168,8 +194,10 @@ def main() -> None:
     parts = step_parts()
     whole = parts["whole bare step"][0]
     bare = GLOBAL_BATCH / whole
-    print(f"   ceiling: the bare compiled step (constant batch, no pipeline/strategy/metrics) "
-          f"{bare:,.0f} ex/s = {bare * per_example / peak:.1%} of peak; engine = {engine_median / bare:.2f} of it")
+    print(
+        f"   ceiling: the bare compiled step (constant batch, no pipeline/strategy/metrics) "
+        f"{bare:,.0f} ex/s = {bare * per_example / peak:.1%} of peak; engine = {engine_median / bare:.2f} of it"
+    )
     print("   where the bare step's time goes (each part compiled alone):")
     for name, (seconds, flops) in parts.items():
         rate = f"{flops / seconds / 1e9:6.1f} GFLOP/s = {flops / seconds / peak:4.0%} of peak" if flops else " " * 29
@@ -177,6 +205,7 @@ def main() -> None:
     print()
 
     print("3. steps_per_loop x replicas (examples/s)")
+
     def cell(spl, replicas):  # about 300 timed steps
         return engine_examples_per_sec(spl, max(loops, 300 // spl), strategy="mirrored", cpu_replicas=replicas)
 
@@ -190,8 +219,10 @@ def main() -> None:
     print("   steps_per_loop   1 replica   2 replicas")
     for spl in (1, 10, 100):
         print(f"   {spl:>14} {table[spl, 1]:>11,.0f} {table[spl, 2]:>12,.0f}")
-    print(f"   ratio steps_per_loop 100 / 1 (1 replica, medians of {repeats}) = "
-          f"{table[100, 1] / table[1, 1]:.2f} (target >= 1.2)\n")
+    print(
+        f"   ratio steps_per_loop 100 / 1 (1 replica, medians of {repeats}) = "
+        f"{table[100, 1] / table[1, 1]:.2f} (target >= 1.2)\n"
+    )
 
     print("4. time to first step")
     first = seconds_to_first_loop()

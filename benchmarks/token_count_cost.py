@@ -43,8 +43,14 @@ class NoCollectiveCount(LanguageModelTask):
 
 
 def _loop(strategy, task_class, args, model_dir):
-    config = Config(task="language_model", seq_len=args.seq_len, global_batch=args.global_batch,
-                    optimizer="adam", seed=1, model_dir=model_dir)
+    config = Config(
+        task="language_model",
+        seq_len=args.seq_len,
+        global_batch=args.global_batch,
+        optimizer="adam",
+        seed=1,
+        model_dir=model_dir,
+    )
     spec = DataSpec(tf.TensorSpec((args.seq_len,), tf.int32), tf.TensorSpec((args.seq_len,), tf.int32), 256)
     task = task_class(config, spec)
     state = create_state(strategy, task, seed=1, model_dir=model_dir, is_chief=True, keep=1)
@@ -60,8 +66,9 @@ def _bare_all_reduce(strategy):
     def loop(n):
         total = tf.constant(0.0)
         for _ in tf.range(n):
-            value = strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.SUM, tf.constant(1.0)))
+            value = strategy.run(
+                lambda: tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.constant(1.0))
+            )
             total += strategy.experimental_local_results(value)[0]
         return total
 
@@ -83,20 +90,27 @@ def main() -> None:
     args = parser.parse_args()
     strategy = build_strategy("mirrored", cpu_replicas=args.replicas).strategy
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {"with the all-reduce (LanguageModelTask)": _loop(strategy, LanguageModelTask, args, tmp + "/a"),
-                "without (own count x replicas)": _loop(strategy, NoCollectiveCount, args, tmp + "/b"),
-                "the scalar all-reduce alone": _bare_all_reduce(strategy)}
+        runs = {
+            "with the all-reduce (LanguageModelTask)": _loop(strategy, LanguageModelTask, args, tmp + "/a"),
+            "without (own count x replicas)": _loop(strategy, NoCollectiveCount, args, tmp + "/b"),
+            "the scalar all-reduce alone": _bare_all_reduce(strategy),
+        }
         times = {name: [] for name in runs}
         for run in runs.values():
             run()  # trace
         for _ in range(args.rounds):
             for name, run in runs.items():
                 times[name].append(_ms_per_step(run))
-    print(f"{args.replicas} replicas, global batch {args.global_batch} x seq_len {args.seq_len}, "
-          f"median of {args.rounds} rounds of {STEPS} steps:")
+    print(
+        f"{args.replicas} replicas, global batch {args.global_batch} x seq_len {args.seq_len}, "
+        f"median of {args.rounds} rounds of {STEPS} steps:"
+    )
     for name, values in times.items():
-        print(f"  {name:42s} {statistics.median(values):8.3f} ms/step  (rounds: "
-              + ", ".join(f"{v:.2f}" for v in values) + ")")
+        print(
+            f"  {name:42s} {statistics.median(values):8.3f} ms/step  (rounds: "
+            + ", ".join(f"{v:.2f}" for v in values)
+            + ")"
+        )
 
 
 if __name__ == "__main__":

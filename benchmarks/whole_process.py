@@ -26,8 +26,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The README's command (its flags kept as they are), plus a fresh --model_dir and a fixed seed.
-README_COMMAND = ["run.py", "--strategy=mirrored", "--cpu_replicas=2", "--global_batch=256",
-                  "--dataset=fashion_mnist"]
+README_COMMAND = ["run.py", "--strategy=mirrored", "--cpu_replicas=2", "--global_batch=256", "--dataset=fashion_mnist"]
 FIT_COMMAND = ["-m", "benchmarks.fit_program"]
 
 ENGINE_PROGRESS = re.compile(r"epoch +([0-9.]+) +step")
@@ -43,8 +42,9 @@ def run_process(argv, done_pattern, first_pattern=None, epoch_pattern=None):
     test accuracy."""
     environment = dict(os.environ, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
-    process = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=environment, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [sys.executable, *argv], cwd=REPO, env=environment, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     result = {"first": None, "epoch": None, "epochs": [], "result": None, "accuracy": None, "loss": None}
     tail = []
     for line in process.stdout:
@@ -73,13 +73,18 @@ def _engine_epoch_done(line):
 
 def engine_run(epochs: int, seed: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="whole_process_") as model_dir:
-        return run_process([*README_COMMAND, f"--epochs={epochs}", f"--model_dir={model_dir}", f"--seed={seed}"],
-                           ENGINE_DONE, first_pattern=ENGINE_PROGRESS, epoch_pattern=_engine_epoch_done)
+        return run_process(
+            [*README_COMMAND, f"--epochs={epochs}", f"--model_dir={model_dir}", f"--seed={seed}"],
+            ENGINE_DONE,
+            first_pattern=ENGINE_PROGRESS,
+            epoch_pattern=_engine_epoch_done,
+        )
 
 
 def fit_run(epochs: int, seed: int, extra=()) -> dict:
-    return run_process([*FIT_COMMAND, f"--epochs={epochs}", f"--seed={seed}", *extra], _FIT_DONE,
-                       epoch_pattern=_FIT_EPOCH.search)
+    return run_process(
+        [*FIT_COMMAND, f"--epochs={epochs}", f"--seed={seed}", *extra], _FIT_DONE, epoch_pattern=_FIT_EPOCH.search
+    )
 
 
 def _epoch_ends(run) -> str:
@@ -109,21 +114,28 @@ def main() -> None:
     for i in range(runs):  # a, b, a, b, ...
         engine.append(engine_run(epochs, args.seed))
         r = engine[-1]
-        print(f"run {i + 1} a: wall {r['wall']:6.2f} s  first loop {r['first']:5.2f} s  epoch 1 {r['epoch']:6.2f} s  "
-              f"result {r['result']:6.2f} s  test accuracy {r['accuracy']:.4f}  {_epoch_ends(r)}", flush=True)
+        print(
+            f"run {i + 1} a: wall {r['wall']:6.2f} s  first loop {r['first']:5.2f} s  epoch 1 {r['epoch']:6.2f} s  "
+            f"result {r['result']:6.2f} s  test accuracy {r['accuracy']:.4f}  {_epoch_ends(r)}",
+            flush=True,
+        )
         fit.append(fit_run(epochs, args.seed, fit_flags))
         r = fit[-1]
-        print(f"run {i + 1} b: wall {r['wall']:6.2f} s  {'':17s}  epoch 1 {r['epoch']:6.2f} s  "
-              f"result {r['result']:6.2f} s  test accuracy {r['accuracy']:.4f}  {_epoch_ends(r)}", flush=True)
+        print(
+            f"run {i + 1} b: wall {r['wall']:6.2f} s  {'':17s}  epoch 1 {r['epoch']:6.2f} s  "
+            f"result {r['result']:6.2f} s  test accuracy {r['accuracy']:.4f}  {_epoch_ends(r)}",
+            flush=True,
+        )
 
     print(f"\nmedians of {runs} run(s), seconds from process start")
     print("                        a: run.py   b: fit program   a / b")
-    for label, key in (("wall time to exit", "wall"), ("test accuracy printed", "result"),
-                       ("end of epoch 1", "epoch")):
+    for label, key in (("wall time to exit", "wall"), ("test accuracy printed", "result"), ("end of epoch 1", "epoch")):
         a, b = _median(engine, key), _median(fit, key)
         print(f"  {label:21s} {a:10.2f} {b:16.2f} {a / b:8.2f}")
-    print(f"  {'exit after the result':21s} {_median(engine, 'wall') - _median(engine, 'result'):10.2f} "
-          f"{_median(fit, 'wall') - _median(fit, 'result'):16.2f}")
+    print(
+        f"  {'exit after the result':21s} {_median(engine, 'wall') - _median(engine, 'result'):10.2f} "
+        f"{_median(fit, 'wall') - _median(fit, 'result'):16.2f}"
+    )
     print(f"  {'first finished loop':21s} {_median(engine, 'first'):10.2f} {'-':>16s}          (target < 8 s)")
     print(f"  {'test accuracy':21s} {_median(engine, 'accuracy'):10.4f} {_median(fit, 'accuracy'):16.4f}")
     each = {name: ", ".join(f"{r['accuracy']:.4f}" for r in runs_) for name, runs_ in (("a", engine), ("b", fit))}

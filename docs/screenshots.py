@@ -32,8 +32,15 @@ DASHBOARDS = {
     "text": "/data/plugin/text/tags",
 }
 WINDOW = (1400, 1000)  # pixels
-DOCS_RUN = ["--dataset=fashion_mnist", "--train_steps=1000", "--steps_per_loop=50", "--eval_every=100",
-            "--global_batch=128", "--seed=1", "--noexport"]
+DOCS_RUN = [
+    "--dataset=fashion_mnist",
+    "--train_steps=1000",
+    "--steps_per_loop=50",
+    "--eval_every=100",
+    "--global_batch=128",
+    "--seed=1",
+    "--noexport",
+]
 STARTUP_SECONDS = 60
 SETTLE_SECONDS = 2.0  # after the data shows, before the screenshot (charts animate in)
 
@@ -63,8 +70,22 @@ def start_tensorboard(logdir: str):
     """(process, base URL) of a tensorboard on 127.0.0.1 that answers."""
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port),
-         "--load_fast=false", "--reload_interval=1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            logdir,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast=false",
+            "--reload_interval=1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_SECONDS
     while _answer(base + "/data/runs") is None:
@@ -112,10 +133,23 @@ class Browser:
         port = _free_port()
         self._profile = tempfile.mkdtemp(prefix="chromium_profile_")
         self.process = subprocess.Popen(
-            [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-             f"--window-size={WINDOW[0]},{WINDOW[1]}", f"--remote-debugging-port={port}",
-             "--remote-debugging-address=127.0.0.1", "--remote-allow-origins=*", f"--user-data-dir={self._profile}",
-             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                chromium(),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--no-first-run",
+                f"--window-size={WINDOW[0]},{WINDOW[1]}",
+                f"--remote-debugging-port={port}",
+                "--remote-debugging-address=127.0.0.1",
+                "--remote-allow-origins=*",
+                f"--user-data-dir={self._profile}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + STARTUP_SECONDS
         pages = None
         while not pages:
@@ -124,11 +158,11 @@ class Browser:
                 raise SystemExit(f"chromium's DevTools did not answer on 127.0.0.1:{port}")
             time.sleep(0.3)
             pages = [p for p in (_answer(f"http://127.0.0.1:{port}/json/list") or []) if p.get("type") == "page"]
-        self._socket = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=60,
-                                                   suppress_origin=True)
+        self._socket = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=60, suppress_origin=True)
         self._id = 0
-        self.call("Emulation.setDeviceMetricsOverride", width=WINDOW[0], height=WINDOW[1], deviceScaleFactor=1,
-                  mobile=False)
+        self.call(
+            "Emulation.setDeviceMetricsOverride", width=WINDOW[0], height=WINDOW[1], deviceScaleFactor=1, mobile=False
+        )
 
     def call(self, method: str, **params) -> dict:
         self._id += 1

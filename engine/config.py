@@ -8,13 +8,18 @@ from typing import Optional
 
 # The names the engine accepts, in one place (no TensorFlow import: flags/ uses them for --help).
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored")
-DATASETS = ("mnist", "fashion_mnist", "synthetic")  # built-in names; also npz:PATH, tfrecord:GLOB[,GLOB], images:DIR, tfds:NAME[:CONFIG], text:PATH
+DATASETS = (
+    "mnist",
+    "fashion_mnist",
+    "synthetic",
+)  # built-in names; also npz:PATH, tfrecord:GLOB[,GLOB], images:DIR, tfds:NAME[:CONFIG], text:PATH
 INPUT_MODES = ("auto", "distribute_dataset", "per_worker", "resident")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 LR_SCHEDULES = ("constant", "cosine", "warmup_cosine")
 MODES = ("train", "eval", "continuous_eval")
 # --best_metric without a sign: the direction of the known metric names (+: higher is better).
 METRIC_DIRECTIONS = {"accuracy": "+", "loss": "-"}
+
 
 def resolved_input_mode(config, source, augmented: bool) -> str:
     """The input mode a run uses: "streamed" for sources read from files (always one pipeline per

@@ -33,11 +33,21 @@ class WeightAverage:
             raise ValueError(f"EMA decay must be in (0, 1), got {decay}")
         self.decay = decay
         self.weights = list(model.trainable_variables)
-        self.averages = [tf.Variable(w.value if hasattr(w, "value") else w, trainable=False,
-                                     name="ema/" + w.path.replace("/", "_").replace(":", "_"))
-                         for w in self.weights]
-        self.updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="ema/updates",
-                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self.averages = [
+            tf.Variable(
+                w.value if hasattr(w, "value") else w,
+                trainable=False,
+                name="ema/" + w.path.replace("/", "_").replace(":", "_"),
+            )
+            for w in self.weights
+        ]
+        self.updates = tf.Variable(
+            0,
+            dtype=tf.int64,
+            trainable=False,
+            name="ema/updates",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
 
     def checkpoint_items(self) -> dict:
         return {"ema": list(self.averages), "ema_updates": self.updates}

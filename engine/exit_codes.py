@@ -24,21 +24,46 @@ class ExitCode:
 
 
 DONE = ExitCode(0, "done", "finished (also when --model_dir already held the last step)", False)
-BUG = ExitCode(1, "bug", "an unexpected exception (traceback), absl's flag errors, or host-side work after the "
-               "steps failed (summaries, --best_metric, export; the checkpoint before it is kept)", False)
-BAD_INPUT = ExitCode(2, "bad_input", "bad flag, config, data, Task or checkpoint; a refused flag combination; one "
-                     "line `error: ...`", False)
-NON_FINITE = ExitCode(4, "non_finite", "a non-finite loss or gradient (or a loss spike) stopped the run "
-                      "(--on_nonfinite=stop, or rollbacks used up); the last good checkpoint is kept", False)
-PREEMPTED = ExitCode(138, "preempted", "SIGTERM or SIGINT (on any worker): every worker saved a checkpoint of the "
-                     "same step; rerun to resume", True)
+BUG = ExitCode(
+    1,
+    "bug",
+    "an unexpected exception (traceback), absl's flag errors, or host-side work after the "
+    "steps failed (summaries, --best_metric, export; the checkpoint before it is kept)",
+    False,
+)
+BAD_INPUT = ExitCode(
+    2,
+    "bad_input",
+    "bad flag, config, data, Task or checkpoint; a refused flag combination; one line `error: ...`",
+    False,
+)
+NON_FINITE = ExitCode(
+    4,
+    "non_finite",
+    "a non-finite loss or gradient (or a loss spike) stopped the run "
+    "(--on_nonfinite=stop, or rollbacks used up); the last good checkpoint is kept",
+    False,
+)
+PREEMPTED = ExitCode(
+    138,
+    "preempted",
+    "SIGTERM or SIGINT (on any worker): every worker saved a checkpoint of the same step; rerun to resume",
+    True,
+)
 PEER_LOST = ExitCode(150, "peer_lost", "a worker of the cluster died or became unreachable while training", True)
-STALLED = ExitCode(151, "stalled", "no step completed for --stall_timeout seconds (a hung input pipeline, a "
-                   "frozen worker); every thread's stack is in <model_dir>/stalls/", True)
-COLLECTIVE_FAILED = ExitCode(152, "collective_failed", "a collective operation failed or timed out "
-                             "(--collective_timeout)", True)
-CLUSTER_NOT_FORMED = ExitCode(153, "cluster_not_formed", "not every worker of TF_CONFIG answered within "
-                              "--collective_timeout at start-up", True)
+STALLED = ExitCode(
+    151,
+    "stalled",
+    "no step completed for --stall_timeout seconds (a hung input pipeline, a "
+    "frozen worker); every thread's stack is in <model_dir>/stalls/",
+    True,
+)
+COLLECTIVE_FAILED = ExitCode(
+    152, "collective_failed", "a collective operation failed or timed out (--collective_timeout)", True
+)
+CLUSTER_NOT_FORMED = ExitCode(
+    153, "cluster_not_formed", "not every worker of TF_CONFIG answered within --collective_timeout at start-up", True
+)
 
 CODES = (DONE, BUG, BAD_INPUT, NON_FINITE, PREEMPTED, PEER_LOST, STALLED, COLLECTIVE_FAILED, CLUSTER_NOT_FORMED)
 RETRYABLE = tuple(c.code for c in CODES if c.retryable)

@@ -98,8 +98,7 @@ def _float32_outputs(step_fn, names, step_name):
     def replica_step(batch):
         outputs = step_fn(batch)
         _check_names(outputs, names, step_name)
-        return {name: (tf.cast(outputs[name][0], tf.float32), tf.cast(outputs[name][1], tf.float32))
-                for name in names}
+        return {name: (tf.cast(outputs[name][0], tf.float32), tf.cast(outputs[name][1], tf.float32)) for name in names}
 
     return replica_step
 
@@ -111,8 +110,17 @@ def _add(totals, more):
 class _TrainStep:
     """One replica's training step: micro-batches, then the engine's update."""
 
-    def __init__(self, task, names, accum_steps: int, jit_compile: bool, update_summaries: bool,
-                 keep_gradients: bool, models=None, strategy_name: str = ""):
+    def __init__(
+        self,
+        task,
+        names,
+        accum_steps: int,
+        jit_compile: bool,
+        update_summaries: bool,
+        keep_gradients: bool,
+        models=None,
+        strategy_name: str = "",
+    ):
         self.task, self.accum_steps = task, accum_steps
         self.update_summaries, self.keep_gradients = update_summaries, keep_gradients
         # The stacked vector a step returns: these names' (total, count), in this order.
@@ -135,8 +143,9 @@ class _TrainStep:
 
     def _compute_fn(self, batch, example_offset, in_loop=False):
         """The Task's step on one micro-batch -> (metrics, gradients handed over or [], whens)."""
-        with update.collecting(in_loop=in_loop, jit_strategy=self.jit_strategy,
-                               example_offset=example_offset) as handed:
+        with update.collecting(
+            in_loop=in_loop, jit_strategy=self.jit_strategy, example_offset=example_offset
+        ) as handed:
             outputs = self._step(batch)
         self._handed = handed
         return outputs, handed.gradients, handed.whens()
@@ -145,12 +154,12 @@ class _TrainStep:
         """Sums metrics and gradients over the micro-batches of this replica's batch."""
         k = self.accum_steps
         split = tf.nest.map_structure(
-            lambda t: tf.reshape(t, tf.concat([[k, tf.shape(t)[0] // k], tf.shape(t)[1:]], 0)), batch)
+            lambda t: tf.reshape(t, tf.concat([[k, tf.shape(t)[0] // k], tf.shape(t)[1:]], 0)), batch
+        )
         size = tf.shape(tf.nest.flatten(batch)[0])[0] // k
 
         def add_micro_batch(i, outputs, gradients, whens, in_loop=False):
-            more, grads, whens = self._compute(tf.nest.map_structure(lambda t: t[i], split), offset + i * size,
-                                               in_loop)
+            more, grads, whens = self._compute(tf.nest.map_structure(lambda t: t[i], split), offset + i * size, in_loop)
             return _add(outputs, more), [a + b for a, b in zip(gradients, grads)], whens
 
         first = self._compute(tf.nest.map_structure(lambda t: t[0], split), offset)
@@ -159,14 +168,17 @@ class _TrainStep:
                 first = add_micro_batch(i, *first)
             return first
         _, *result = tf.while_loop(
-            lambda i, *_: i < k, lambda i, *acc: (i + 1, *add_micro_batch(i, *acc, in_loop=True)),
-            (tf.constant(1), *first))
+            lambda i, *_: i < k,
+            lambda i, *acc: (i + 1, *add_micro_batch(i, *acc, in_loop=True)),
+            (tf.constant(1), *first),
+        )
         return result
 
     def __call__(self, batch):
         # Read before the forward pass moves them: put back if a guarded update is skipped.
-        kept_state = update.snapshot([v for model in self.models for v in model.non_trainable_variables]
-                                     if self.task.updater.guarded else [])
+        kept_state = update.snapshot(
+            [v for model in self.models for v in model.non_trainable_variables] if self.task.updater.guarded else []
+        )
         # This replica's first example in the global batch (training batches are whole).
         size = tf.shape(tf.nest.flatten(batch)[0])[0]
         offset = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int32) * size
@@ -179,13 +191,20 @@ class _TrainStep:
             outcome = None
         else:
             if updater.loss_scaling and not handed.scaled:
-                raise UserError("--precision=mixed_float16 scales the loss: train_step must take the "
-                                "gradients of self.scale_loss(loss), not of the loss itself")
+                raise UserError(
+                    "--precision=mixed_float16 scales the loss: train_step must take the "
+                    "gradients of self.scale_loss(loss), not of the loss itself"
+                )
             outcome = updater.apply(updater.groups(handed, whens), gradients, kept_state)
         if self.update_summaries:
             done = outcome.summaries if outcome is not None else {}
-            outputs = dict(outputs, **{name: (done[name], tf.constant(1.0)) if name in done
-                                       else (tf.constant(0.0), tf.constant(0.0)) for name in updater.summary_names})
+            outputs = dict(
+                outputs,
+                **{
+                    name: (done[name], tf.constant(1.0)) if name in done else (tf.constant(0.0), tf.constant(0.0))
+                    for name in updater.summary_names
+                },
+            )
         stacked = _stacked(outputs, self.names)
         if outcome is None:
             return stacked, tf.constant(False), tf.constant(True), []
@@ -209,9 +228,21 @@ def _reduce(strategy, stacked) -> tf.Tensor:
     return strategy.reduce(tf.distribute.ReduceOp.SUM, stacked, axis=None)
 
 
-def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: int = 1, jit_compile: bool = False,
-                    skip_nonfinite: bool = False, update_summaries: bool = False, gradients: bool = False,
-                    models=None, strategy_name: str = "", loss_upper_bound: float = 0.0, fetched=None):
+def make_train_loop(
+    strategy,
+    task,
+    global_step: tf.Variable,
+    *,
+    accum_steps: int = 1,
+    jit_compile: bool = False,
+    skip_nonfinite: bool = False,
+    update_summaries: bool = False,
+    gradients: bool = False,
+    models=None,
+    strategy_name: str = "",
+    loss_upper_bound: float = 0.0,
+    fetched=None,
+):
     """train_loop(iterator, num_steps) -> dict with
       totals: {name: (total, count)} summed over replicas and the good steps; with update_summaries
         also the updater's summaries (e.g. "grad_norm": mean global norm per step of the summed
@@ -232,8 +263,16 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
     metric_names = tuple(task.train_metrics)
     summary_names = task.updater.summary_names if update_summaries else ()
     names = metric_names + summary_names
-    replica_step = _TrainStep(task, metric_names, accum_steps, jit_compile, update_summaries, gradients,
-                              models=models, strategy_name=strategy_name)
+    replica_step = _TrainStep(
+        task,
+        metric_names,
+        accum_steps,
+        jit_compile,
+        update_summaries,
+        gradients,
+        models=models,
+        strategy_name=strategy_name,
+    )
 
     def train_loop(iterator, num_steps):
         totals = tf.zeros([2 * len(names)])
@@ -277,8 +316,10 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
             # Computed from summed values, so any local replica's copy is everyone's value. The
             # update's summaries (after the metrics in the vector) stay out of the check: `bad`
             # already covers the gradients. A NaN/Inf anywhere makes the sum non-finite.
-            good = tf.logical_and(tf.logical_not(strategy.experimental_local_results(bad)[0]),
-                                  tf.math.is_finite(tf.reduce_sum(step_totals[:2 * len(metric_names)])))
+            good = tf.logical_and(
+                tf.logical_not(strategy.experimental_local_results(bad)[0]),
+                tf.math.is_finite(tf.reduce_sum(step_totals[: 2 * len(metric_names)])),
+            )
             if loss_upper_bound:
                 loss = 2 * metric_names.index("loss")
                 good = tf.logical_and(good, step_totals[loss] <= loss_upper_bound * step_totals[loss + 1])
@@ -296,10 +337,15 @@ def make_train_loop(strategy, task, global_step: tf.Variable, *, accum_steps: in
         if pipelined:
             iterator.give_back()
         totals = _unstacked(totals, names)
-        result = {"totals": totals, "steps": steps, "bad_steps": bad_steps, "skipped_updates": skipped_updates,
-                  # after the loop's updates; read here, not eagerly after the call (a schedule's
-                  # eager ops cost 0.3 ms, ~1 % of a 100-step mlp loop)
-                  "learning_rate": tf.cast(task.optimizer.learning_rate, tf.float32)}
+        result = {
+            "totals": totals,
+            "steps": steps,
+            "bad_steps": bad_steps,
+            "skipped_updates": skipped_updates,
+            # after the loop's updates; read here, not eagerly after the call (a schedule's
+            # eager ops cost 0.3 ms, ~1 % of a 100-step mlp loop)
+            "learning_rate": tf.cast(task.optimizer.learning_rate, tf.float32),
+        }
         if gradients:
             result["gradients"] = last
         return result

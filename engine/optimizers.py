@@ -37,8 +37,10 @@ def learning_rate_schedule(config, total_steps: int | None, rate: float):
     """The learning rate as `--lr_schedule` says: a float, or a Keras schedule of optimizer steps."""
     schedule, warmup = config.lr_schedule, config.warmup_steps
     if warmup and schedule != "warmup_cosine":
-        raise UserError(f"--warmup_steps={warmup} only applies to --lr_schedule=warmup_cosine "
-                        f"(this run has --lr_schedule={schedule}); drop it or set --lr_schedule=warmup_cosine")
+        raise UserError(
+            f"--warmup_steps={warmup} only applies to --lr_schedule=warmup_cosine "
+            f"(this run has --lr_schedule={schedule}); drop it or set --lr_schedule=warmup_cosine"
+        )
     if schedule == "constant":
         return rate
     if total_steps is None:
@@ -47,12 +49,15 @@ def learning_rate_schedule(config, total_steps: int | None, rate: float):
         return keras.optimizers.schedules.CosineDecay(rate, decay_steps=total_steps)
     if schedule == "warmup_cosine":
         if not 0 < warmup < total_steps:
-            raise UserError(f"--lr_schedule=warmup_cosine needs 0 < --warmup_steps < the run's {total_steps} "
-                            f"steps; got --warmup_steps={warmup}")
+            raise UserError(
+                f"--lr_schedule=warmup_cosine needs 0 < --warmup_steps < the run's {total_steps} "
+                f"steps; got --warmup_steps={warmup}"
+            )
         # Keras' CosineDecay warms up linearly from its FIRST argument to warmup_target over
         # warmup_steps, THEN decays over decay_steps more: the run ends at warmup + decay steps.
         return keras.optimizers.schedules.CosineDecay(
-            0.0, decay_steps=total_steps - warmup, warmup_target=rate, warmup_steps=warmup)
+            0.0, decay_steps=total_steps - warmup, warmup_target=rate, warmup_steps=warmup
+        )
     raise UserError(f"unknown --lr_schedule={schedule!r}; valid: constant, cosine, warmup_cosine")
 
 

@@ -108,10 +108,16 @@ def replica_seed(global_seed: int, step, salt=0, per_replica: bool = True):
     with one replica) the replica id is 0. per_replica=False: the same seed on every replica.
     """
     if global_seed is None or step is None:
-        raise ValueError("replica_seed needs the run's seed and step (Task.seed and Task.global_step, "
-                         "which the engine sets before the first step)")
-    base = tf.stack([tf.constant(int(global_seed) % _INT32_RANGE, tf.int32),
-                     tf.cast(tf.math.floormod(tf.cast(salt, tf.int64), _INT32_RANGE), tf.int32)])
+        raise ValueError(
+            "replica_seed needs the run's seed and step (Task.seed and Task.global_step, "
+            "which the engine sets before the first step)"
+        )
+    base = tf.stack(
+        [
+            tf.constant(int(global_seed) % _INT32_RANGE, tf.int32),
+            tf.cast(tf.math.floormod(tf.cast(salt, tf.int64), _INT32_RANGE), tf.int32),
+        ]
+    )
     step = tf.cast(tf.math.floormod(tf.cast(step, tf.int64), _INT32_RANGE), tf.int32)
     replica_id = _global_replica_id() if per_replica else None
     replica_id = 0 if replica_id is None else replica_id

@@ -17,17 +17,22 @@ MERGE_CALL_STRATEGIES = ("mirrored", "multi_worker_mirrored")
 def cross_replica_layers(model) -> list[str]:
     """Names of the layers that all-reduce across replicas inside their call (Keras batch norm with
     synchronized=True): the engine runs such a model's micro-batches unrolled, not in a while_loop."""
-    return [layer.name for layer in model._flatten_layers(include_self=False, recursive=True)
-            if getattr(layer, "synchronized", False)]
+    return [
+        layer.name
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+        if getattr(layer, "synchronized", False)
+    ]
 
 
 def _xla_with_cross_replica_layers(config, model, layers):
     """--jit_compile + synchronised batch norm under a mirrored strategy: TensorFlow refuses the
     layer's merge_call inside the nested XLA-compiled function (one replica or many)."""
     if config.jit_compile and layers and config.strategy in MERGE_CALL_STRATEGIES:
-        return (f"--jit_compile with --strategy={config.strategy}: model {model.name!r} has synchronised batch "
-                f"norm ({', '.join(layers)}), whose all-reduce TensorFlow cannot run inside the XLA-compiled "
-                "step; drop --jit_compile, or train on one device (--strategy=default)")
+        return (
+            f"--jit_compile with --strategy={config.strategy}: model {model.name!r} has synchronised batch "
+            f"norm ({', '.join(layers)}), whose all-reduce TensorFlow cannot run inside the XLA-compiled "
+            "step; drop --jit_compile, or train on one device (--strategy=default)"
+        )
     return None
 
 
@@ -35,8 +40,10 @@ def _loss_bound_with_skip(config, model, layers):
     """--loss_upper_bound judges the reduced loss, known only after the step's update: skipping
     would keep an update made from the spike; stop and rollback never keep it."""
     if config.loss_upper_bound and config.on_nonfinite == "skip":
-        return (f"--loss_upper_bound={config.loss_upper_bound:g} with --on_nonfinite=skip: a loss spike is seen "
-                "after its update, which skip would keep; use --on_nonfinite=rollback or stop")
+        return (
+            f"--loss_upper_bound={config.loss_upper_bound:g} with --on_nonfinite=skip: a loss spike is seen "
+            "after its update, which skip would keep; use --on_nonfinite=rollback or stop"
+        )
     return None
 
 

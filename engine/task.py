@@ -99,7 +99,8 @@ class Task:
             raise UserError(
                 f"--task={self.config.task} classifies, but the data's labels are {self.spec.labels.dtype.name} "
                 f"{tuple(self.spec.labels.shape)} (not one class id per example); use a Task of your own "
-                "(--task=path/to/file.py:Class) for other targets")
+                "(--task=path/to/file.py:Class) for other targets"
+            )
         return build_model(self.config.model, self.input_shape, self.num_classes, spec=self.spec)
 
     def build_optimizer(self) -> keras.optimizers.Optimizer:
@@ -149,8 +150,7 @@ class Task:
     # ---- replica context ----
     def per_example_loss(self, labels, outputs):
         # float32 even when a mixed-precision model's last layer computes in float16/bfloat16.
-        return keras.losses.sparse_categorical_crossentropy(labels, tf.cast(outputs, tf.float32),
-                                                            from_logits=True)
+        return keras.losses.sparse_categorical_crossentropy(labels, tf.cast(outputs, tf.float32), from_logits=True)
 
     def train_step(self, batch) -> dict:
         images, labels = batch
@@ -201,8 +201,9 @@ class Task:
     def global_norm(self, gradients):
         """The global norm of `gradients` summed over every replica (one all-reduce of them): what
         the engine's clipping and grad_norm summary see for a whole (micro-)batch."""
-        return tf.linalg.global_norm(update.all_reduce(
-            [tf.cast(g, tf.float32) for g in gradients if g is not None], "self.global_norm"))
+        return tf.linalg.global_norm(
+            update.all_reduce([tf.cast(g, tf.float32) for g in gradients if g is not None], "self.global_norm")
+        )
 
     def random_seed(self, salt=0):
         """A [2] int32 seed for tf.random.stateless_* ops in a step: differs per replica and per
@@ -219,8 +220,9 @@ class Task:
         """[n, *shape] float32 standard-normal noise, each example's drawn from its example_seeds
         (e.g. a GAN's latent vectors)."""
         seeds = self.example_seeds(n, salt)
-        return tf.map_fn(lambda seed: tf.random.stateless_normal(tuple(shape), seed), seeds,
-                         fn_output_signature=tf.float32)
+        return tf.map_fn(
+            lambda seed: tf.random.stateless_normal(tuple(shape), seed), seeds, fn_output_signature=tf.float32
+        )
 
     def eval_step(self, batch) -> dict:
         images, labels = batch

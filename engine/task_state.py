@@ -22,13 +22,13 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 # Set and checkpointed by the engine (engine/controller/state.py), or not state at all.
-ENGINE_ATTRIBUTES = frozenset({"config", "spec", "model", "optimizer", "global_step", "updater", "total_steps",
-                               "seed"})
+ENGINE_ATTRIBUTES = frozenset({"config", "spec", "model", "optimizer", "global_step", "updater", "total_steps", "seed"})
 
 
 @dataclasses.dataclass
 class TaskState:
     """What `find` found, keyed by attribute path ("discriminator", "teachers.0", "nets.gen")."""
+
     trackables: dict  # path -> an object tf.train.Checkpoint can hold
     models: dict  # path -> keras Layer (models included)
     optimizers: dict  # path -> keras optimizer
@@ -37,14 +37,17 @@ class TaskState:
     def changed_untracked(self, task) -> list[str]:
         """Paths of untracked values that differ now from their value after the build."""
         now = find(task).untracked
-        return [path for path, value in self.untracked.items()
-                if path in now and not _same(value, now[path])]
+        return [path for path, value in self.untracked.items() if path in now and not _same(value, now[path])]
 
 
 def _same(a, b) -> bool:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape and \
-            bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
+        return (
+            isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and a.shape == b.shape
+            and bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
+        )
     return a == b or (a != a and b != b)  # nan == nan here
 
 

@@ -51,6 +51,7 @@ _local = threading.local()
 @dataclasses.dataclass
 class Hand:
     """One Task.apply_gradients call: an optimizer's gradients (None = the engine's optimizer)."""
+
     optimizer: object
     gradients: list
     variables: list
@@ -60,6 +61,7 @@ class Hand:
 @dataclasses.dataclass
 class Handed:
     """What one trace of a train_step handed to the engine on this replica."""
+
     hands: list = dataclasses.field(default_factory=list)
     scaled: bool = False  # the step called Task.scale_loss
 
@@ -82,6 +84,7 @@ class CollectiveInLoop(Exception):
 class _Trace:
     """Where the step is being traced: inside the micro-batch while_loop, inside the XLA step, and
     the index of this micro-batch's first example in the GLOBAL batch."""
+
     in_loop: bool = False
     jit_strategy: str | None = None  # --strategy when the step is XLA-compiled
     example_offset: object = 0
@@ -109,8 +112,10 @@ def hand_over(gradients, variables, optimizer=None, when=None) -> None:
     """Task.apply_gradients: records this replica's gradients for the engine's update."""
     handed = _handed("Task.apply_gradients")
     if any(hand.optimizer is optimizer for hand in handed.hands):
-        raise UserError("train_step called self.apply_gradients twice for the same optimizer; add the "
-                        "losses (or the gradients) and hand them over once per optimizer and step")
+        raise UserError(
+            "train_step called self.apply_gradients twice for the same optimizer; add the "
+            "losses (or the gradients) and hand them over once per optimizer and step"
+        )
     gradients, variables = list(gradients), list(variables)
     if len(gradients) != len(variables):
         raise UserError(f"self.apply_gradients got {len(gradients)} gradients for {len(variables)} variables")
@@ -127,8 +132,10 @@ def all_reduce(value, what="self.all_reduce"):
     """SUM over every replica and worker (replica context, inside train_step)."""
     trace = getattr(_local, "trace", None)
     if trace is not None and trace.jit_strategy:
-        raise UserError(f"train_step calls {what} (a collective), which --strategy={trace.jit_strategy} "
-                        "cannot run inside the XLA-compiled step; drop --jit_compile")
+        raise UserError(
+            f"train_step calls {what} (a collective), which --strategy={trace.jit_strategy} "
+            "cannot run inside the XLA-compiled step; drop --jit_compile"
+        )
     if trace is not None and trace.in_loop:
         raise CollectiveInLoop(what)
     return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
@@ -163,7 +170,8 @@ def _skip_keras_all_reduce(optimizer) -> None:
     if original is None:
         raise UserError(
             "this Keras version's optimizer has no _all_reduce_sum_gradients: the engine cannot hand "
-            "it gradients already summed over replicas; use keras 3.x (tested 3.15)")
+            "it gradients already summed over replicas; use keras 3.x (tested 3.15)"
+        )
     if getattr(original, "_engine_wrapped", False):
         return
 
@@ -177,6 +185,7 @@ def _skip_keras_all_reduce(optimizer) -> None:
 @dataclasses.dataclass
 class Group:
     """One optimizer's share of a step: its summed gradients' variables and when it steps."""
+
     optimizer: object
     variables: list
     when: tf.Tensor | None  # None: steps whenever the step is good
@@ -185,6 +194,7 @@ class Group:
 @dataclasses.dataclass
 class Outcome:
     """One step's update, the same value on every replica."""
+
     applied: tf.Tensor  # bool: the optimizers stepped
     bad: tf.Tensor  # bool: non-finite gradients that loss scaling does not explain
     summaries: dict  # {summary name: float32 scalar}, e.g. grad_norm per optimizer (before clipping)
@@ -195,8 +205,9 @@ class Updater:
     """Build inside strategy.scope() (it may own loss-scale variables). `optimizers`: {Task
     attribute name: optimizer} of the Task's other optimizers (built), each with its summary."""
 
-    def __init__(self, optimizer, *, loss_scaling: bool, clip_norm: float = 0.0, optimizers=None, ema=None,
-                 guarded: bool = True):
+    def __init__(
+        self, optimizer, *, loss_scaling: bool, clip_norm: float = 0.0, optimizers=None, ema=None, guarded: bool = True
+    ):
         self.optimizer = optimizer
         # guarded: a bad step's update is skipped (it waits for the finite check); loss scaling must
         # skip overflowed steps, so it always is.
@@ -205,17 +216,20 @@ class Updater:
         self.clip_norm = clip_norm
         self.loss_scaling = loss_scaling
         self.names = {id(optimizer): GRAD_NORM}
-        self.names.update({id(other): f"{GRAD_NORM}/{name}" for name, other in (optimizers or {}).items()
-                           if other is not optimizer})
+        self.names.update(
+            {id(other): f"{GRAD_NORM}/{name}" for name, other in (optimizers or {}).items() if other is not optimizer}
+        )
         for other in [optimizer, *(optimizers or {}).values()]:
             _skip_keras_all_reduce(other)
         self.loss_scale = self.good_steps = None
         if loss_scaling:
             only_first = tf.VariableAggregation.ONLY_FIRST_REPLICA
-            self.loss_scale = tf.Variable(INITIAL_LOSS_SCALE, dtype=tf.float32, trainable=False,
-                                          name="loss_scale", aggregation=only_first)
-            self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="loss_scale_good_steps",
-                                          aggregation=only_first)
+            self.loss_scale = tf.Variable(
+                INITIAL_LOSS_SCALE, dtype=tf.float32, trainable=False, name="loss_scale", aggregation=only_first
+            )
+            self.good_steps = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="loss_scale_good_steps", aggregation=only_first
+            )
 
     @property
     def summary_names(self) -> tuple:
@@ -249,9 +263,9 @@ class Updater:
                 raise UserError(
                     "self.apply_gradients(optimizer=...) got an optimizer the Task does not hold: create it in "
                     "build_extras(), build it there (optimizer.build(variables)) and keep it as an attribute, "
-                    "so the engine builds, checks and checkpoints it")
-            groups.append(Group(optimizer, [v for g, v in zip(hand.gradients, hand.variables) if g is not None],
-                                when))
+                    "so the engine builds, checks and checkpoints it"
+                )
+            groups.append(Group(optimizer, [v for g, v in zip(hand.gradients, hand.variables) if g is not None], when))
         return groups
 
     def apply(self, groups, gradients, kept_state) -> Outcome:
@@ -268,7 +282,7 @@ class Updater:
             summed = [g * (1.0 / scale) for g in summed]
         summaries, clipped, per_group, start = {}, [], [], 0
         for group in groups:
-            own = summed[start:start + len(group.variables)]
+            own = summed[start : start + len(group.variables)]
             start += len(group.variables)
             per_group.append(own)
             norm = tf.linalg.global_norm(own)
@@ -288,19 +302,23 @@ class Updater:
                 context.merge_call(self.ema.update)
             applied = tf.constant(True)
         else:
-            applied = context.merge_call(self._apply_or_skip, args=(
-                clipped, whens, finite if self.guarded else tf.constant(True), list(kept_state[1])), kwargs={
+            applied = context.merge_call(
+                self._apply_or_skip,
+                args=(clipped, whens, finite if self.guarded else tf.constant(True), list(kept_state[1])),
+                kwargs={
                     "optimizers": [group.optimizer for group in groups],
                     "variables": [group.variables for group in groups],
-                    "conditional": [group.when is not None for group in groups], "kept": list(kept_state[0])})
+                    "conditional": [group.when is not None for group in groups],
+                    "kept": list(kept_state[0]),
+                },
+            )
         bad = tf.logical_not(finite)
         if self.loss_scaling:  # an overflow is only bad once the scale cannot fall further
             bad = tf.logical_and(bad, tf.less_equal(scale, MIN_LOSS_SCALE))
         default = [own for group, own in zip(groups, per_group) if group.optimizer is self.optimizer]
         return Outcome(applied=applied, bad=bad, summaries=summaries, gradients=default[0] if default else [])
 
-    def _apply_or_skip(self, strategy, gradients, whens, finite, before, *, optimizers, variables, conditional,
-                       kept):
+    def _apply_or_skip(self, strategy, gradients, whens, finite, before, *, optimizers, variables, conditional, kept):
         """Cross-replica context: a cond here may call the optimizers (whose updates need a
         merge_call, impossible inside a cond in replica context)."""
 

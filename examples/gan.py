@@ -42,14 +42,20 @@ class GanTask(Task):
 
     def build_model(self):  # the generator: latent vector -> image in [0, 1], the data's shape
         h, w, channels = self._image_shape()
-        return keras.Sequential([
-            keras.Input((LATENT,)),
-            keras.layers.Dense(h // 4 * w // 4 * 64), keras.layers.LeakyReLU(0.2),
-            keras.layers.Reshape((h // 4, w // 4, 64)),
-            keras.layers.Conv2DTranspose(32, 4, strides=2, padding="same"), keras.layers.LeakyReLU(0.2),
-            keras.layers.Conv2DTranspose(channels, 4, strides=2, padding="same", activation="sigmoid",
-                                         dtype="float32"),  # pixels in [0, 1], like the data's
-        ], name="generator")
+        return keras.Sequential(
+            [
+                keras.Input((LATENT,)),
+                keras.layers.Dense(h // 4 * w // 4 * 64),
+                keras.layers.LeakyReLU(0.2),
+                keras.layers.Reshape((h // 4, w // 4, 64)),
+                keras.layers.Conv2DTranspose(32, 4, strides=2, padding="same"),
+                keras.layers.LeakyReLU(0.2),
+                keras.layers.Conv2DTranspose(
+                    channels, 4, strides=2, padding="same", activation="sigmoid", dtype="float32"
+                ),  # pixels in [0, 1], like the data's
+            ],
+            name="generator",
+        )
 
     def build_optimizer(self):
         """The generator's optimizer: the engine's (--optimizer, --lr_schedule, --weight_decay), with
@@ -61,12 +67,18 @@ class GanTask(Task):
         return optimizer
 
     def build_extras(self):
-        self.discriminator = keras.Sequential([
-            keras.Input(self.input_shape),
-            keras.layers.Conv2D(32, 4, strides=2, padding="same"), keras.layers.LeakyReLU(0.2),
-            keras.layers.Conv2D(64, 4, strides=2, padding="same"), keras.layers.LeakyReLU(0.2),
-            keras.layers.Flatten(), keras.layers.Dense(1, dtype="float32"),  # a logit: "real"
-        ], name="discriminator")
+        self.discriminator = keras.Sequential(
+            [
+                keras.Input(self.input_shape),
+                keras.layers.Conv2D(32, 4, strides=2, padding="same"),
+                keras.layers.LeakyReLU(0.2),
+                keras.layers.Conv2D(64, 4, strides=2, padding="same"),
+                keras.layers.LeakyReLU(0.2),
+                keras.layers.Flatten(),
+                keras.layers.Dense(1, dtype="float32"),  # a logit: "real"
+            ],
+            name="discriminator",
+        )
         self.d_optimizer = keras.optimizers.Adam(2e-4, beta_1=0.5)
         self.d_optimizer.build(self.discriminator.trainable_variables)
 
@@ -89,10 +101,15 @@ class GanTask(Task):
             d_loss = self.scale_loss(replica_loss(d_per_example, self.global_batch))
             g_loss = self.scale_loss(replica_loss(g_per_example, self.global_batch))
         k = self.d_steps_per_g_step
-        self.apply_gradients(g_tape.gradient(g_loss, self.model.trainable_variables),
-                             when=None if k == 1 else tf.equal(self.global_step % k, 0))
-        self.apply_gradients(d_tape.gradient(d_loss, self.discriminator.trainable_variables),
-                             self.discriminator.trainable_variables, optimizer=self.d_optimizer)
+        self.apply_gradients(
+            g_tape.gradient(g_loss, self.model.trainable_variables),
+            when=None if k == 1 else tf.equal(self.global_step % k, 0),
+        )
+        self.apply_gradients(
+            d_tape.gradient(d_loss, self.discriminator.trainable_variables),
+            self.discriminator.trainable_variables,
+            optimizer=self.d_optimizer,
+        )
         count = tf.cast(n, tf.float32)
         return {"d_loss": (tf.reduce_sum(d_per_example), count), "g_loss": (tf.reduce_sum(g_per_example), count)}
 
@@ -117,8 +134,12 @@ class GanTask(Task):
             ax.imshow(image.squeeze(-1) if image.shape[-1] == 1 else image, cmap="gray", vmin=0.0, vmax=1.0)
             ax.set_title(f"D(x) = {real:.2f}", fontsize=8)
             ax.set_axis_off()
-        writer.write_figure(step, "samples", figure,
-                            description="16 samples from fixed latent vectors; D(x): the discriminator's P(real).")
+        writer.write_figure(
+            step,
+            "samples",
+            figure,
+            description="16 samples from fixed latent vectors; D(x): the discriminator's P(real).",
+        )
 
 
 class TwoDiscriminatorStepsGanTask(GanTask):

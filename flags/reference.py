@@ -36,7 +36,7 @@ def _help(flag) -> str:
     """The help text without the "<a|b|c>: " that absl puts before an enum's own."""
     values = getattr(getattr(flag, "parser", None), "enum_values", None)
     prefix = f"<{'|'.join(values)}>: " if values else ""
-    return flag.help[len(prefix):] if prefix and flag.help.startswith(prefix) else flag.help
+    return flag.help[len(prefix) :] if prefix and flag.help.startswith(prefix) else flag.help
 
 
 def _default(flag) -> str:
@@ -69,7 +69,9 @@ def render() -> str:
     names = [name for name, _ in every]
     missing = [first for first in firsts if first not in names]
     if missing or names[0] not in firsts:
-        raise ValueError(f"flags/definitions.py SECTIONS names flags that are not first in definition order: {missing or names[0]}")
+        raise ValueError(
+            f"flags/definitions.py SECTIONS names flags that are not first in definition order: {missing or names[0]}"
+        )
     lines = [_HEADER]
     for name, flag in every:
         if name in firsts:

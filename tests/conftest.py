@@ -45,7 +45,9 @@ def pytest_terminal_summary(terminalreporter):
     if _unexpected_skips:
         terminalreporter.write_line(
             f"error: {len(_unexpected_skips)} test(s) skipped for a reason other than missing hardware "
-            f"(the skip guard in tests/conftest.py fails the run; install what they need):", red=True)
+            f"(the skip guard in tests/conftest.py fails the run; install what they need):",
+            red=True,
+        )
         for line in _unexpected_skips:
             terminalreporter.write_line(f"  {line}", red=True)
 

@@ -31,8 +31,14 @@ QUIET = dict(out=open(os.devnull, "w"))
 def small_config(model_dir, **overrides) -> Config:
     """A fast run: synthetic data, few steps, fixed seed."""
     settings = dict(
-        dataset="synthetic", synthetic_train_examples=1024, synthetic_test_examples=300,
-        global_batch=64, train_steps=6, steps_per_loop=3, seed=7, model_dir=str(model_dir),
+        dataset="synthetic",
+        synthetic_train_examples=1024,
+        synthetic_test_examples=300,
+        global_batch=64,
+        train_steps=6,
+        steps_per_loop=3,
+        seed=7,
+        model_dir=str(model_dir),
         export=False,
     )
     settings.update(overrides)
@@ -81,14 +87,20 @@ def tensorboard_scalars(logdir) -> dict:
     """{tag: [(step, value), ...]} of the scalars in a TensorBoard log directory."""
     accumulator = tensorboard_run(logdir)
     # tf.summary.* in TF 2 writes tensor events; EventAccumulator lists them under "tensors".
-    return {tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
-            for tag in accumulator.Tags()["tensors"]
-            if accumulator.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"}
+    return {
+        tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
+        for tag in accumulator.Tags()["tensors"]
+        if accumulator.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"
+    }
 
 
 def _cli(args, env):
     """The command line and environment of `python run.py args...`."""
-    return [sys.executable, os.path.join(REPO, "run.py"), *args], {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
+    return [sys.executable, os.path.join(REPO, "run.py"), *args], {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        **(env or {}),
+    }
 
 
 def run_cli(*args, timeout=240, env=None):
@@ -117,8 +129,9 @@ def run_cli_timed(*args, timeout=240, env=None) -> TimedRun:
     (a reader thread per stream), e.g. to see how long it took to exit after its last line."""
     command, full_env = _cli(args, env)
     started = time.monotonic()
-    process = subprocess.Popen(command, cwd=REPO, env=full_env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, bufsize=1)
+    process = subprocess.Popen(
+        command, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
+    )
     lines, lock = [], threading.Lock()
 
     def read(stream, name):
@@ -126,8 +139,10 @@ def run_cli_timed(*args, timeout=240, env=None) -> TimedRun:
             with lock:
                 lines.append((time.monotonic() - started, name, line))
 
-    readers = [threading.Thread(target=read, args=(stream, name), daemon=True)
-               for stream, name in ((process.stdout, "out"), (process.stderr, "err"))]
+    readers = [
+        threading.Thread(target=read, args=(stream, name), daemon=True)
+        for stream, name in ((process.stdout, "out"), (process.stderr, "err"))
+    ]
     for reader in readers:
         reader.start()
     try:
@@ -159,8 +174,7 @@ def finish_all(processes, timeout=120):
 
 
 def explain(proc) -> str:
-    return (f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n"
-            f"--- stderr ---\n{proc.stderr[-3000:]}")
+    return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
 
 
 def checkpoint_state(model_dir, prefixes=("model/", "optimizer/", "global_step/", "epoch/")) -> dict:
@@ -168,8 +182,9 @@ def checkpoint_state(model_dir, prefixes=("model/", "optimizer/", "global_step/"
     optimizer and the counters; "task/" holds the Task's own state)."""
     latest = tf.train.latest_checkpoint(os.path.join(str(model_dir), "checkpoints"))
     reader = tf.train.load_checkpoint(latest)
-    return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(latest)
-            if name.startswith(tuple(prefixes))}
+    return {
+        name: reader.get_tensor(name) for name, _ in tf.train.list_variables(latest) if name.startswith(tuple(prefixes))
+    }
 
 
 def stream_eval_totals(source, replicas: int, batch: int, task_class=IdCountingTask):

@@ -113,8 +113,10 @@ class UnscaledLossTask(Task):
             per_example = self.per_example_loss(labels, self.model(images, training=True))
             loss = tf.reduce_sum(per_example) / self.global_batch
         self.apply_gradients(tape.gradient(loss, self.model.trainable_variables))
-        return {"loss": (tf.reduce_sum(per_example), tf.cast(tf.size(per_example), tf.float32)),
-                "accuracy": (tf.constant(0.0), tf.cast(tf.size(per_example), tf.float32))}
+        return {
+            "loss": (tf.reduce_sum(per_example), tf.cast(tf.size(per_example), tf.float32)),
+            "accuracy": (tf.constant(0.0), tf.cast(tf.size(per_example), tf.float32)),
+        }
 
 
 class NanLossTask(Task):
@@ -136,13 +138,16 @@ class DropoutTask(Task):
     def build_model(self):
         import keras
 
-        return keras.Sequential([
-            keras.Input(shape=self.input_shape),
-            keras.layers.Flatten(),
-            keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dropout(0.5),
-            keras.layers.Dense(self.num_classes, dtype="float32"),
-        ], name="dropout_mlp")
+        return keras.Sequential(
+            [
+                keras.Input(shape=self.input_shape),
+                keras.layers.Flatten(),
+                keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dropout(0.5),
+                keras.layers.Dense(self.num_classes, dtype="float32"),
+            ],
+            name="dropout_mlp",
+        )
 
     def train_step(self, batch):
         images, labels = batch
@@ -166,8 +171,7 @@ class CnnBnNoDropoutTask(Task):
     synchronized = True
 
     def build_model(self):
-        return cnn_bn(self.input_shape, self.num_classes, dropout=0.0, momentum=0.5,
-                      synchronized=self.synchronized)
+        return cnn_bn(self.input_shape, self.num_classes, dropout=0.0, momentum=0.5, synchronized=self.synchronized)
 
 
 class UnsyncedCnnBnNoDropoutTask(CnnBnNoDropoutTask):
@@ -217,8 +221,10 @@ class IdCountingTask(Task):
     def eval_step(self, batch):
         x, _ = batch
         ids, count = self.example_ids(x), tf.cast(tf.shape(x)[0], tf.float32)
-        return {"mean_id": (tf.reduce_sum(ids), count),
-                "mean_sq": (tf.reduce_sum(tf.square(ids - self.ID_CENTRE)), count)}
+        return {
+            "mean_id": (tf.reduce_sum(ids), count),
+            "mean_sq": (tf.reduce_sum(tf.square(ids - self.ID_CENTRE)), count),
+        }
 
 
 def _sleep_a_quarter_second():
@@ -256,8 +262,10 @@ class ProbeTask(Task):
     probe_poison_at = -1  # at this step the last replica's probe gradients are NaN
 
     def build_extras(self):
-        self.probe = keras.Sequential([keras.layers.Input(self.input_shape), keras.layers.Flatten(),
-                                       keras.layers.Dense(self.num_classes)], name="probe")
+        self.probe = keras.Sequential(
+            [keras.layers.Input(self.input_shape), keras.layers.Flatten(), keras.layers.Dense(self.num_classes)],
+            name="probe",
+        )
         self.probe_optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
         self.probe_optimizer.build(self.probe.trainable_variables)
 
@@ -272,8 +280,12 @@ class ProbeTask(Task):
         self.apply_gradients(tape.gradient(loss, self.model.trainable_variables))
         poison = _nan_on_last_replica_at(self, self.probe_poison_at)
         when = None if self.probe_every == 1 else tf.equal(self.global_step % self.probe_every, 0)
-        self.apply_gradients([g * poison for g in probe_tape.gradient(probe_loss, self.probe.trainable_variables)],
-                             self.probe.trainable_variables, optimizer=self.probe_optimizer, when=when)
+        self.apply_gradients(
+            [g * poison for g in probe_tape.gradient(probe_loss, self.probe.trainable_variables)],
+            self.probe.trainable_variables,
+            optimizer=self.probe_optimizer,
+            when=when,
+        )
         metrics = classification_metrics(labels, logits, per_example)
         return dict(metrics, probe_loss=(tf.reduce_sum(probe_per_example), metrics["loss"][1]))
 
@@ -357,7 +369,6 @@ class FailingAfterEvalTask(Task):
 
     def after_eval(self, step, writer):
         raise ValueError("after_eval fails on purpose")
-
 
 
 class CrashingSummariesGanTask(GanTask):

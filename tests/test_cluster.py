@@ -25,20 +25,24 @@ BAD = [
     (json.dumps({**GOOD, "task": {"type": "worker", "index": "1"}}), "must be an integer"),
     (json.dumps({**GOOD, "task": {"type": "chief", "index": 0}}), "has no 'chief' list"),
     (json.dumps({**GOOD, "cluster": {"worker": ["127.0.0.1:2001", "127.0.0.1:2001"]}}), "appears twice"),
-    (json.dumps({**GOOD, "cluster": {"worker": ["127.0.0.1", "127.0.0.1:2002"]}}), "is not a \"host:port\""),
-    (json.dumps({**GOOD, "cluster": {"worker": ["127.0.0.1:2001", "host:99999"]}}), "is not a \"host:port\""),
+    (json.dumps({**GOOD, "cluster": {"worker": ["127.0.0.1", "127.0.0.1:2002"]}}), 'is not a "host:port"'),
+    (json.dumps({**GOOD, "cluster": {"worker": ["127.0.0.1:2001", "host:99999"]}}), 'is not a "host:port"'),
     (json.dumps({**GOOD, "cluster": {"worker": []}}), "non-empty list"),
     (json.dumps({**GOOD, "cluster": {"worker": ["a:1"], "ps": ["b:2"]}}), "unsupported task type"),
     (json.dumps({**GOOD, "cluster": {"worker": ["a:1"], "evaluator": ["b:2", "c:3"]}}), "2 evaluator tasks"),
-    (json.dumps({"cluster": {"evaluator": ["b:2"]}, "task": {"type": "evaluator", "index": 0}}), "no 'worker' or 'chief'"),
+    (
+        json.dumps({"cluster": {"evaluator": ["b:2"]}, "task": {"type": "evaluator", "index": 0}}),
+        "no 'worker' or 'chief'",
+    ),
 ]
 
 
 def test_good_config():
     cluster = parse_tf_config(json.dumps(GOOD))
     assert (cluster.task_type, cluster.task_index, cluster.num_workers, cluster.is_chief) == ("worker", 1, 2, False)
-    with_chief = parse_tf_config(json.dumps({"cluster": {"chief": ["a:1"], "worker": ["b:2"]},
-                                             "task": {"type": "chief", "index": 0}}))
+    with_chief = parse_tf_config(
+        json.dumps({"cluster": {"chief": ["a:1"], "worker": ["b:2"]}, "task": {"type": "chief", "index": 0}})
+    )
     assert with_chief.is_chief and [w[0] for w in with_chief.workers] == ["chief", "worker"]
 
 

@@ -18,8 +18,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import (NO_DROPOUT, QUIET, TEST_TASKS, explain, exported_weights, max_difference_by_name, run_cli,
-                     small_config)
+from helpers import (
+    NO_DROPOUT,
+    QUIET,
+    TEST_TASKS,
+    explain,
+    exported_weights,
+    max_difference_by_name,
+    run_cli,
+    small_config,
+)
 from engine.controller.state import create_state
 from engine.controller.trainer import train
 from engine.data.builtin import synthetic_arrays
@@ -35,41 +43,80 @@ TFRECORDS = (f"--dataset=tfrecord:{DATA_DIR}/rec/train-*,{DATA_DIR}/rec/test-*",
 
 FEATURES = (
     # --cache acts on streamed data only (refused elsewhere), so it is a kind of data here
-    ("data", {"synthetic": (), "npz": (f"--dataset=npz:{DATA_DIR}/d.npz",), "tfrecord": TFRECORDS,
-              "tfrecord_cache": TFRECORDS + ("--cache",)}),
-    ("strategy", {"default": (), "mirrored1": ("--strategy=mirrored", "--cpu_replicas=1"),
-                  "mirrored2": ("--strategy=mirrored", "--cpu_replicas=2")}),
+    (
+        "data",
+        {
+            "synthetic": (),
+            "npz": (f"--dataset=npz:{DATA_DIR}/d.npz",),
+            "tfrecord": TFRECORDS,
+            "tfrecord_cache": TFRECORDS + ("--cache",),
+        },
+    ),
+    (
+        "strategy",
+        {
+            "default": (),
+            "mirrored1": ("--strategy=mirrored", "--cpu_replicas=1"),
+            "mirrored2": ("--strategy=mirrored", "--cpu_replicas=2"),
+        },
+    ),
     ("model", {"cnn": ("--model=cnn",), "cnn_bn": ("--model=cnn_bn",), "mlp": ("--model=mlp",)}),
     ("precision", {p: (f"--precision={p}",) for p in ("float32", "mixed_bfloat16", "mixed_float16")}),
     ("accum", {"accum1": ("--grad_accum_steps=1",), "accum2": ("--grad_accum_steps=2",)}),
-    ("task", {"classification": ("--task=classification",), "label_smoothing": ("--task=label_smoothing",),
-              # two models, two optimizers through the engine's one update path (issue 23)
-              "two_optimizers": (f"--task={TEST_TASKS}:ProbeTask",)}),
-    ("on_nonfinite", {"stop": ("--on_nonfinite=stop",), "skip": ("--on_nonfinite=skip",),
-                      "rollback": ("--on_nonfinite=rollback", "--max_rollbacks=2")}),
+    (
+        "task",
+        {
+            "classification": ("--task=classification",),
+            "label_smoothing": ("--task=label_smoothing",),
+            # two models, two optimizers through the engine's one update path (issue 23)
+            "two_optimizers": (f"--task={TEST_TASKS}:ProbeTask",),
+        },
+    ),
+    (
+        "on_nonfinite",
+        {
+            "stop": ("--on_nonfinite=stop",),
+            "skip": ("--on_nonfinite=skip",),
+            "rollback": ("--on_nonfinite=rollback", "--max_rollbacks=2"),
+        },
+    ),
     ("loss_bound", {"unbounded": (), "bounded": ("--loss_upper_bound=100",)}),
     ("ema", {"no_ema": (), "ema": ("--ema_decay=0.9",)}),
     ("early_stopping", {"no_early_stop": (), "early_stop": ("--early_stopping_patience=1", "--best_metric=accuracy")}),
     ("stall_watch", {"watched": ("--stall_timeout=600",), "unwatched": ("--stall_timeout=0",)}),
-    ("optimizer", {"plain": (), "decay_warmup": ("--weight_decay=0.01", "--lr_schedule=warmup_cosine",
-                                                   "--warmup_steps=1"),
-                   "clip_cosine": ("--clip_norm=1.0", "--lr_schedule=cosine")}),
+    (
+        "optimizer",
+        {
+            "plain": (),
+            "decay_warmup": ("--weight_decay=0.01", "--lr_schedule=warmup_cosine", "--warmup_steps=1"),
+            "clip_cosine": ("--clip_norm=1.0", "--lr_schedule=cosine"),
+        },
+    ),
     ("xla", {"nojit": ("--nojit_compile",), "jit": ("--jit_compile",)}),
     ("summaries", {"basic": ("--summaries=basic",), "full": ("--summaries=full", "--histogram_every=2")}),
     ("best", {"last": (), "best_accuracy": ("--best_metric=accuracy",)}),
     ("input", {"auto": (), "pipeline": ("--input_mode=distribute_dataset",), "resident": ("--input_mode=resident",)}),
 )
-SHORT_RUN = ("--dataset=synthetic", "--synthetic_train_examples=64", "--synthetic_test_examples=32",
-             "--global_batch=16", "--train_steps=2", "--steps_per_loop=2", "--seed=1", "--noexport")
+SHORT_RUN = (
+    "--dataset=synthetic",
+    "--synthetic_train_examples=64",
+    "--synthetic_test_examples=32",
+    "--global_batch=16",
+    "--train_steps=2",
+    "--steps_per_loop=2",
+    "--seed=1",
+    "--noexport",
+)
 
 
 def refused(row: dict) -> bool:
     """The combinations the engine refuses (docs/failures.md, engine/refused_combinations.py).
     `row` may be partial: True once the values it holds are refused whatever the others are."""
-    return (row.get("xla") == "jit" and row.get("model") == "cnn_bn"
-            and row.get("strategy", "").startswith("mirrored")) or \
-        (row.get("loss_bound") == "bounded" and row.get("on_nonfinite") == "skip") or \
-        (row.get("data") == "tfrecord_cache" and row.get("input") == "resident")
+    return (
+        (row.get("xla") == "jit" and row.get("model") == "cnn_bn" and row.get("strategy", "").startswith("mirrored"))
+        or (row.get("loss_bound") == "bounded" and row.get("on_nonfinite") == "skip")
+        or (row.get("data") == "tfrecord_cache" and row.get("input") == "resident")
+    )
 
 
 def _pairs(row: dict) -> set:
@@ -122,7 +169,8 @@ ROWS = covering_rows()
 TRAINED_ROWS = ROWS + [dict(ROWS[0], strategy="mirrored2", model="cnn_bn", accum="accum2")]
 REFUSED_ROWS = [dict(ROWS[0], strategy=s, model="cnn_bn", xla="jit") for s in ("mirrored1", "mirrored2")] + [
     dict(ROWS[0], loss_bound="bounded", on_nonfinite="skip", xla="nojit"),
-    dict(ROWS[0], data="tfrecord_cache", input="resident")]
+    dict(ROWS[0], data="tfrecord_cache", input="resident"),
+]
 
 
 @pytest.mark.fast
@@ -153,9 +201,14 @@ def cli_runs(request, tmp_path_factory):
     # of the process at once race (one gets FileExistsError).
     model_dirs = {row_id: str(tmp_path_factory.mktemp("run") / "run") for row_id in rows}
     pool = ThreadPoolExecutor(max_workers=2)
-    yield {row_id: pool.submit(lambda row, model_dir: run_cli(*SHORT_RUN, *_args(row), "--model_dir=" + model_dir,
-                                                              timeout=300), row, model_dirs[row_id])
-           for row_id, row in rows.items()}
+    yield {
+        row_id: pool.submit(
+            lambda row, model_dir: run_cli(*SHORT_RUN, *_args(row), "--model_dir=" + model_dir, timeout=300),
+            row,
+            model_dirs[row_id],
+        )
+        for row_id, row in rows.items()
+    }
     pool.shutdown(cancel_futures=True)
     shutil.rmtree(DATA_DIR, ignore_errors=True)
 
@@ -188,6 +241,7 @@ def test_refused_combination_says_so_in_one_line(row, cli_runs):
 
 # ---- where a combination works, it is correct ----
 
+
 def _synthetic_batches(steps, batch):
     images, labels = synthetic_arrays(steps * batch, seed=4)
     return (images[..., None] / 255.0).astype(np.float32), labels.astype(np.int32)
@@ -198,8 +252,11 @@ def _train_on(tmp_path, name, replicas, images, labels, accum):
     engine's loop; returns {weight path: value} and each replica's copy of the moving statistics."""
     keras.utils.set_random_seed(5)
     strategy = build_strategy("mirrored" if replicas > 1 else "default", replicas).strategy
-    task = CnnBnNoDropoutTask(small_config(tmp_path / name, model="cnn_bn", optimizer="sgd", grad_accum_steps=accum),
-                              input_shape=(28, 28, 1), num_classes=10)
+    task = CnnBnNoDropoutTask(
+        small_config(tmp_path / name, model="cnn_bn", optimizer="sgd", grad_accum_steps=accum),
+        input_shape=(28, 28, 1),
+        num_classes=10,
+    )
     task.total_steps = len(images) // 64
     state = create_state(strategy, task, seed=5, model_dir=str(tmp_path / name), is_chief=True, keep=1)
     loop = make_train_loop(strategy, task, state.global_step, accum_steps=accum)
@@ -207,8 +264,9 @@ def _train_on(tmp_path, name, replicas, images, labels, accum):
     result = loop(iter(dataset), tf.constant(task.total_steps))
     assert int(result["steps"]) == task.total_steps
     weights = {w.path: np.asarray(w.numpy()) for w in task.model.weights}
-    copies = [np.asarray(c.numpy()) for w in task.model.non_trainable_weights
-              for c in getattr(w.value, "values", [w.value])]
+    copies = [
+        np.asarray(c.numpy()) for w in task.model.non_trainable_weights for c in getattr(w.value, "values", [w.value])
+    ]
     return weights, copies
 
 
@@ -267,8 +325,7 @@ def test_xla_dropout_draws_its_own_mask_on_each_replica():
         model = keras.Sequential([keras.Input((64,)), keras.layers.Dropout(0.5)])
     per_replica_randomness(model)
     step = tf.function(lambda x: model(x, training=True), jit_compile=True)
-    masks = strategy.experimental_local_results(
-        tf.function(lambda: strategy.run(lambda: step(tf.ones([1, 64]))))())
+    masks = strategy.experimental_local_results(tf.function(lambda: strategy.run(lambda: step(tf.ones([1, 64]))))())
     first, second = (np.asarray(mask) > 0 for mask in masks)
     assert 10 < first.sum() < 54 and 10 < second.sum() < 54  # about half kept on each
     assert (first != second).any()

@@ -36,8 +36,16 @@ def _noise(stderr: str) -> list:
 
 @pytest.mark.parametrize("verbosity, shown", [(None, False), ("--verbosity=0", True)])
 def test_a_run_shows_cpp_info_lines_only_when_asked(tmp_path, verbosity, shown):
-    args = ["--dataset=synthetic", "--synthetic_train_examples=256", "--synthetic_test_examples=64",
-            "--global_batch=64", "--train_steps=2", "--model=mlp", "--noexport", f"--model_dir={tmp_path}"]
+    args = [
+        "--dataset=synthetic",
+        "--synthetic_train_examples=256",
+        "--synthetic_test_examples=64",
+        "--global_batch=64",
+        "--train_steps=2",
+        "--model=mlp",
+        "--noexport",
+        f"--model_dir={tmp_path}",
+    ]
     proc = run_cli(*args, *([verbosity] if verbosity else []), env={"TF_CPP_MIN_LOG_LEVEL": ""})
     assert proc.returncode == 0, explain(proc)
     noise = _noise(proc.stderr)

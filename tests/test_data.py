@@ -73,9 +73,13 @@ def test_idx_directory_loads_and_validates(tmp_path):
 
 def test_mnist_npz_from_data_dir(tmp_path):
     rng = np.random.default_rng(0)
-    np.savez(tmp_path / "mnist.npz", x_train=rng.integers(0, 256, (32, 28, 28), dtype=np.uint8),
-             y_train=rng.integers(0, 10, 32), x_test=rng.integers(0, 256, (8, 28, 28), dtype=np.uint8),
-             y_test=rng.integers(0, 10, 8))
+    np.savez(
+        tmp_path / "mnist.npz",
+        x_train=rng.integers(0, 256, (32, 28, 28), dtype=np.uint8),
+        y_train=rng.integers(0, 10, 32),
+        x_test=rng.integers(0, 256, (8, 28, 28), dtype=np.uint8),
+        y_test=rng.integers(0, 10, 8),
+    )
     data = sources.load(Config(dataset="mnist", data_dir=str(tmp_path)))
     assert data.where.endswith("mnist.npz") and data.num_test == 8
 
@@ -104,17 +108,20 @@ def test_train_pipeline_epochs_shuffles_and_skips():
     epoch1, epoch2 = np.concatenate(batches[0:2]), np.concatenate(batches[2:4])
     assert len(set(np.round(epoch1))) == 32  # no example twice in an epoch
     assert not np.array_equal(epoch1, epoch2)  # reshuffled each epoch
-    again = [x.numpy()[:, 0, 0, 0] * 255.0 for x, _ in
-             arrays.train_dataset(images, labels, global_batch=16, seed=5).take(6)]
+    again = [
+        x.numpy()[:, 0, 0, 0] * 255.0 for x, _ in arrays.train_dataset(images, labels, global_batch=16, seed=5).take(6)
+    ]
     np.testing.assert_array_equal(np.concatenate(batches), np.concatenate(again))  # seeded
-    skipped = [x.numpy()[:, 0, 0, 0] * 255.0 for x, _ in
-               arrays.train_dataset(images, labels, global_batch=16, seed=5, skip_batches=3).take(3)]
+    skipped = [
+        x.numpy()[:, 0, 0, 0] * 255.0
+        for x, _ in arrays.train_dataset(images, labels, global_batch=16, seed=5, skip_batches=3).take(3)
+    ]
     np.testing.assert_array_equal(np.concatenate(batches[3:]), np.concatenate(skipped))  # resume
 
 
 def test_eval_pipeline_keeps_the_partial_batch():
     images, labels = builtin.synthetic_arrays(37, seed=1)
-    sizes = [int(l.shape[0]) for _, l in arrays.eval_dataset(images, labels, global_batch=16)]
+    sizes = [int(batch_labels.shape[0]) for _, batch_labels in arrays.eval_dataset(images, labels, global_batch=16)]
     assert sizes == [16, 16, 5]
 
 

@@ -21,8 +21,9 @@ from helpers import QUIET, REPO
 
 pytestmark = pytest.mark.fast
 
-PAGES = ["README.md", "BUILD.md"] + sorted(os.path.join("docs", name) for name in os.listdir(os.path.join(REPO, "docs"))
-                                          if name.endswith(".md"))
+PAGES = ["README.md", "BUILD.md"] + sorted(
+    os.path.join("docs", name) for name in os.listdir(os.path.join(REPO, "docs")) if name.endswith(".md")
+)
 README_TEST_COMMAND = 'pip install -e ".[test]" && python -m pytest -q'
 
 
@@ -56,7 +57,8 @@ def test_performance_tables_are_generated_from_the_committed_benchmark_json():
     page = _read("docs/performance.md")
     assert models_table.rendered(page, report) == page, (
         "docs/performance.md's benchmark tables are stale: run `python -m benchmarks.models_table "
-        "benchmarks/results/models_cpu.json`")
+        "benchmarks/results/models_cpu.json`"
+    )
     report["results"][0]["medians"]["engine"] *= 2
     changed = models_table.rendered(page, report)
     assert changed != page
@@ -83,7 +85,7 @@ def test_engine_table_adds_the_batches_in_turn_ratio_only_where_a_run_measured_i
         report = json.load(f)
     assert "in turn" not in models_table.engine_table(report)
     report["results"][0]["ratios"]["engine / bare in turn"] = {"median": 1.07, "low": 1.01, "high": 1.12}
-    line, = [line for line in models_table.engine_table(report).splitlines() if "in turn (" in line]
+    (line,) = [line for line in models_table.engine_table(report).splitlines() if "in turn (" in line]
     name = models_table.NAMES.get(report["results"][0]["model"], report["results"][0]["model"])
     assert line.startswith("engine / bare step on batches in turn") and f"`{name}` 1.07 (1.01-1.12)" in line
 
@@ -171,11 +173,12 @@ def test_readme_step_example_trains(tmp_path):
     from helpers import small_config
 
     readme = _read("README.md")
-    section = readme[readme.index("## Change the step"):]
+    section = readme[readme.index("## Change the step") :]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     path = tmp_path / "my_tasks.py"
     path.write_text(code)
     name = re.search(r"^class (\w+)\(Task\)", code, re.M).group(1)
-    result = train(small_config(tmp_path / "run", task=f"{path}:{name}", model="mlp", strategy="mirrored",
-                                cpu_replicas=2), **QUIET)
+    result = train(
+        small_config(tmp_path / "run", task=f"{path}:{name}", model="mlp", strategy="mirrored", cpu_replicas=2), **QUIET
+    )
     assert result.final_step == 6 and 0 < result.train_metrics["loss"] < 10

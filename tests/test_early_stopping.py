@@ -16,8 +16,15 @@ from engine.controller.trainer import train
 from engine.errors import UserError
 
 # A learning rate too small to change the loss: no evaluation improves on the first.
-FROZEN = dict(model="mlp", learning_rate=1e-12, eval_every=2, steps_per_loop=2, train_steps=20, best_metric="loss",
-              early_stopping_patience=2)
+FROZEN = dict(
+    model="mlp",
+    learning_rate=1e-12,
+    eval_every=2,
+    steps_per_loop=2,
+    train_steps=20,
+    best_metric="loss",
+    early_stopping_patience=2,
+)
 
 
 def _record(model_dir) -> dict:
@@ -38,8 +45,12 @@ def test_a_metric_that_stops_improving_ends_training_cleanly(tmp_path):
 
 @pytest.mark.fast
 def test_an_improving_metric_trains_to_the_end(tmp_path):
-    result = train(small_config(tmp_path, **{**FROZEN, "learning_rate": 1e-3, "best_metric": "loss",
-                                             "early_stopping_patience": 5}), **QUIET)
+    result = train(
+        small_config(
+            tmp_path, **{**FROZEN, "learning_rate": 1e-3, "best_metric": "loss", "early_stopping_patience": 5}
+        ),
+        **QUIET,
+    )
     assert result.final_step == 20 and result.stopped_early is None
 
 
@@ -58,11 +69,26 @@ def test_early_stopping_without_a_metric_is_refused(tmp_path):
 
 
 def test_every_worker_stops_at_the_same_step(tmp_path):
-    proc = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", "--dataset=synthetic",
-                   "--synthetic_train_examples=1024", "--synthetic_test_examples=300", "--global_batch=64",
-                   "--seed=7", "--model=mlp", "--collective_timeout=30", "--learning_rate=1e-12", "--eval_every=2",
-                   "--steps_per_loop=2", "--train_steps=20", "--best_metric=loss", "--early_stopping_patience=2",
-                   f"--model_dir={tmp_path}", "--noexport", timeout=180)
+    proc = run_cli(
+        "--strategy=multi_worker_mirrored",
+        "--num_workers=2",
+        "--dataset=synthetic",
+        "--synthetic_train_examples=1024",
+        "--synthetic_test_examples=300",
+        "--global_batch=64",
+        "--seed=7",
+        "--model=mlp",
+        "--collective_timeout=30",
+        "--learning_rate=1e-12",
+        "--eval_every=2",
+        "--steps_per_loop=2",
+        "--train_steps=20",
+        "--best_metric=loss",
+        "--early_stopping_patience=2",
+        f"--model_dir={tmp_path}",
+        "--noexport",
+        timeout=180,
+    )
     # Had worker 1 gone on training alone, its next collective would wait for a peer that left (exit 2).
     assert proc.returncode == 0, explain(proc)
     assert "[worker 0] early stopping at step 6" in proc.stdout, explain(proc)

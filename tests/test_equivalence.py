@@ -24,8 +24,9 @@ def _max_difference(a, b):
 def test_two_replicas_match_one(tmp_path, optimizer):
     one = _trained_weights(tmp_path, "one", strategy="mirrored", cpu_replicas=1, optimizer=optimizer)
     two = _trained_weights(tmp_path, "two", strategy="mirrored", cpu_replicas=2, optimizer=optimizer)
-    untrained = _trained_weights(tmp_path, "zero", strategy="mirrored", cpu_replicas=1,
-                                 optimizer=optimizer, train_steps=1, learning_rate=0.0)
+    untrained = _trained_weights(
+        tmp_path, "zero", strategy="mirrored", cpu_replicas=1, optimizer=optimizer, train_steps=1, learning_rate=0.0
+    )
     assert _max_difference(one, untrained) > 1e-3, "training must move the weights"
     assert _max_difference(one, two) < 1e-5
 

@@ -26,14 +26,16 @@ pytestmark = pytest.mark.fast  # every test here runs in seconds: the fast lane 
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_eval_matches_keras_evaluate(tmp_path, replicas):
     # 301 test examples at a global batch of 64: 4 full batches and one of 45, split 23/22.
-    config = small_config(tmp_path, strategy="mirrored", cpu_replicas=replicas,
-                          synthetic_test_examples=301, export=True)
+    config = small_config(
+        tmp_path, strategy="mirrored", cpu_replicas=replicas, synthetic_test_examples=301, export=True
+    )
     result = train(config, **QUIET)
     model = keras.models.load_model(os.path.join(tmp_path, "export", "model.keras"))
     model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     images, labels = synthetic_arrays(301, seed=2)
-    loss, accuracy = model.evaluate(images[..., None].astype("float32") / 255.0, labels.astype("int32"),
-                                    batch_size=50, verbose=0)
+    loss, accuracy = model.evaluate(
+        images[..., None].astype("float32") / 255.0, labels.astype("int32"), batch_size=50, verbose=0
+    )
     assert result.eval_metrics["loss"] == pytest.approx(loss, rel=1e-5)
     assert result.eval_metrics["accuracy"] == pytest.approx(accuracy, abs=1e-6)
 
@@ -80,8 +82,11 @@ def test_train_loop_traces_once_for_any_loop_length():
 
 
 def _traced_loop_graphs() -> int:
-    return sum(1 for o in gc.get_objects()
-               if type(o).__name__ == "FuncGraph" and getattr(o, "name", "") in ("train_loop", "eval_loop"))
+    return sum(
+        1
+        for o in gc.get_objects()
+        if type(o).__name__ == "FuncGraph" and getattr(o, "name", "") in ("train_loop", "eval_loop")
+    )
 
 
 def _custom_gradients() -> int:
@@ -95,8 +100,9 @@ def test_a_finished_run_leaves_no_traced_graph_in_memory(tmp_path):
     gc.collect()
     graphs, registered = _traced_loop_graphs(), _custom_gradients()
     for run in range(2):
-        config = small_config(tmp_path / str(run), strategy="mirrored", cpu_replicas=2, model="cnn_bn",
-                              grad_accum_steps=2)
+        config = small_config(
+            tmp_path / str(run), strategy="mirrored", cpu_replicas=2, model="cnn_bn", grad_accum_steps=2
+        )
         result = train(config, **QUIET)
         assert result.final_step == 6 and result.train_metrics["loss"] < 10  # it trained (gradients built)
         del result
@@ -129,8 +135,14 @@ for run in range(6):  # what six train() runs in one process (a sweep, a noteboo
 
 
 def test_each_runs_loops_do_not_warn_of_retracing():
-    proc = subprocess.run([sys.executable, "-c", _SIX_RUNS_EVAL_LOOPS], cwd=REPO, capture_output=True, text=True,
-                          timeout=180, env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))
+    proc = subprocess.run(
+        [sys.executable, "-c", _SIX_RUNS_EVAL_LOOPS],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == [str(word) for run in range(6) for word in (run, 64.0)]
     assert "retracing" not in proc.stderr, proc.stderr[-2000:]

@@ -23,8 +23,16 @@ from engine.distribute.launch import worker_tf_configs
 from engine.errors import UserError
 
 # conftest.small_config(model="mlp") as flags.
-ARGS = ["--dataset=synthetic", "--synthetic_train_examples=1024", "--synthetic_test_examples=300",
-        "--global_batch=64", "--steps_per_loop=3", "--seed=7", "--model=mlp", "--optimizer=adam"]
+ARGS = [
+    "--dataset=synthetic",
+    "--synthetic_train_examples=1024",
+    "--synthetic_test_examples=300",
+    "--global_batch=64",
+    "--steps_per_loop=3",
+    "--seed=7",
+    "--model=mlp",
+    "--optimizer=adam",
+]
 EVAL_LINE = re.compile(r"eval   step (\d+): loss ([0-9.]+)  accuracy ([0-9.]+)")
 
 
@@ -61,8 +69,7 @@ def test_eval_mode_on_two_replicas_equals_the_training_runs_final_eval(tmp_path)
     run = tmp_path / "run"
     trained = train(small_config(run, model="mlp", train_steps=6, eval_every=3), **QUIET)
     before = _files(run / "checkpoints")
-    proc = run_cli(*ARGS, "--mode=eval", "--strategy=mirrored", "--cpu_replicas=2", f"--model_dir={run}",
-                   timeout=180)
+    proc = run_cli(*ARGS, "--mode=eval", "--strategy=mirrored", "--cpu_replicas=2", f"--model_dir={run}", timeout=180)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "2 replica(s)" in proc.stdout
     printed = _eval_lines(proc.stdout)
@@ -81,9 +88,20 @@ def test_sidecar_evaluates_every_checkpoint_once_like_in_training_eval(tmp_path)
     evaluates every checkpoint step exactly once with the numbers a 1-replica run gets when it
     evaluates in training at those steps; --best_metric=loss keeps the lowest."""
     run = tmp_path / "sidecar"
-    proc = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", "--evaluator", *ARGS,
-                   "--train_steps=12", "--checkpoint_every=3", "--keep_checkpoints=10", "--collective_timeout=60",
-                   "--eval_timeout=120", "--best_metric=loss", f"--model_dir={run}", timeout=400)
+    proc = run_cli(
+        "--strategy=multi_worker_mirrored",
+        "--num_workers=2",
+        "--evaluator",
+        *ARGS,
+        "--train_steps=12",
+        "--checkpoint_every=3",
+        "--keep_checkpoints=10",
+        "--collective_timeout=60",
+        "--eval_timeout=120",
+        "--best_metric=loss",
+        f"--model_dir={run}",
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "[worker 0] evaluator    TF_CONFIG lists an evaluator task" in proc.stdout
     assert "[evaluator] done         evaluated the run's last step 12" in proc.stdout
@@ -105,10 +123,16 @@ def test_sidecar_evaluates_every_checkpoint_once_like_in_training_eval(tmp_path)
 
 def _start(args, tf_config, log_path):
     log = open(log_path, "w")
-    return subprocess.Popen([sys.executable, os.path.join(REPO, "run.py"), *args], cwd=REPO,
-                            env=dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
-                            if tf_config else dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1"),
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, os.path.join(REPO, "run.py"), *args],
+        cwd=REPO,
+        env=dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+        if tf_config
+        else dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1"),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _wait_for(path, pattern, processes, timeout):
@@ -129,9 +153,17 @@ def test_killed_evaluator_does_not_disturb_training_and_a_restarted_one_continue
     finish with exit 0. A restarted evaluator skips the steps already evaluated and evaluates the
     rest, so every checkpoint step is evaluated exactly once."""
     run = tmp_path / "run"
-    args = ["--strategy=multi_worker_mirrored", *ARGS, f"--task={TEST_TASKS}:SlowTrainingTask",
-            "--train_steps=72", "--checkpoint_every=12", "--keep_checkpoints=10", "--collective_timeout=60",
-            "--eval_timeout=120", f"--model_dir={run}"]
+    args = [
+        "--strategy=multi_worker_mirrored",
+        *ARGS,
+        f"--task={TEST_TASKS}:SlowTrainingTask",
+        "--train_steps=72",
+        "--checkpoint_every=12",
+        "--keep_checkpoints=10",
+        "--collective_timeout=60",
+        "--eval_timeout=120",
+        f"--model_dir={run}",
+    ]
     configs = worker_tf_configs(2, evaluator=True)
     logs = [tmp_path / f"{name}.log" for name in ("worker0", "worker1", "evaluator")]
     processes = [_start(args, tf_config, log) for tf_config, log in zip(configs, logs)]
@@ -162,8 +194,9 @@ def test_evaluator_waits_for_training_skips_deleted_and_unlisted_checkpoints(tmp
     checkpoint; a checkpoint deleted before it is read is skipped with a warning, and files the
     `checkpoint` state does not list (a half-written save) are never read."""
     run, log = tmp_path / "run", tmp_path / "evaluator.log"
-    waiting = _start([*ARGS, "--mode=continuous_eval", "--train_steps=6", "--eval_timeout=120",
-                      f"--model_dir={run}"], "", log)
+    waiting = _start(
+        [*ARGS, "--mode=continuous_eval", "--train_steps=6", "--eval_timeout=120", f"--model_dir={run}"], "", log
+    )
     try:
         _wait_for(log, "waiting      for .*config.json", [waiting], timeout=120)
         trained = train(small_config(run, model="mlp", train_steps=6, checkpoint_every=3, eval_every=-1), **QUIET)
@@ -183,8 +216,7 @@ def test_evaluator_waits_for_training_skips_deleted_and_unlisted_checkpoints(tmp
     for suffix in (".index", ".data-00000-of-00001"):
         (run / "checkpoints" / f"ckpt-9{suffix}").write_bytes(b"half written")
     out = _Lines()
-    config = small_config(run, model="mlp", mode="continuous_eval", eval_timeout=3, strategy="mirrored",
-                          cpu_replicas=2)
+    config = small_config(run, model="mlp", mode="continuous_eval", eval_timeout=3, strategy="mirrored", cpu_replicas=2)
     result = evaluate(config, out=out)
     text = out.text
     assert list(result.evaluated) == [3]
@@ -198,8 +230,10 @@ def test_best_checkpoint_follows_the_metric_in_training(tmp_path):
     """The chief keeps model_dir/best/ at the step with the highest eval accuracy: best.json, a
     checkpoint of that step, and the exported model."""
     run = tmp_path / "run"
-    train(small_config(run, model="mlp", train_steps=12, eval_every=2, best_metric="accuracy",
-                       learning_rate=0.01), **QUIET)
+    train(
+        small_config(run, model="mlp", train_steps=12, eval_every=2, best_metric="accuracy", learning_rate=0.01),
+        **QUIET,
+    )
     accuracy = _eval_scalars(run)["accuracy"]
     assert len({value for _, value in accuracy}) > 1, accuracy  # the metric moved, so the choice matters
     best_value = max(value for _, value in accuracy)
@@ -212,9 +246,16 @@ def test_best_checkpoint_follows_the_metric_in_training(tmp_path):
     keras.models.load_model(run / "best" / "model.keras")
 
 
-@pytest.mark.parametrize("spec, expected", [("accuracy", ("accuracy", True)), ("loss", ("loss", False)),
-                                            ("-loss", ("loss", False)), ("+loss", ("loss", True)),
-                                            ("-accuracy", ("accuracy", False))])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("accuracy", ("accuracy", True)),
+        ("loss", ("loss", False)),
+        ("-loss", ("loss", False)),
+        ("+loss", ("loss", True)),
+        ("-accuracy", ("accuracy", False)),
+    ],
+)
 @pytest.mark.fast
 def test_best_metric_directions(spec, expected):
     assert best_lib.parse_best_metric(spec) == expected
@@ -236,8 +277,9 @@ def test_continuous_eval_knows_an_epoch_runs_last_step(tmp_path):
     out = _Lines()
     started = time.monotonic()
     # Another global batch for evaluation; steps per epoch still come from the run's.
-    result = evaluate(small_config(run, model="mlp", mode="continuous_eval", eval_timeout=60, global_batch=100),
-                      out=out)
+    result = evaluate(
+        small_config(run, model="mlp", mode="continuous_eval", eval_timeout=60, global_batch=100), out=out
+    )
     assert list(result.evaluated) == [8, 16]
     assert "done         evaluated the run's last step 16" in out.text
     assert time.monotonic() - started < 30
@@ -247,8 +289,17 @@ def test_best_checkpoint_kept_by_the_chief_of_two_workers(tmp_path):
     """Evaluating in training on 2 workers, every worker takes part in the best-checkpoint save
     (none hangs) and the chief's model_dir/best follows --best_metric=-loss (the signed form)."""
     run = tmp_path / "run"
-    proc = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", *ARGS, "--train_steps=12", "--eval_every=3",
-                   "--collective_timeout=60", "--best_metric=-loss", f"--model_dir={run}", timeout=300)
+    proc = run_cli(
+        "--strategy=multi_worker_mirrored",
+        "--num_workers=2",
+        *ARGS,
+        "--train_steps=12",
+        "--eval_every=3",
+        "--collective_timeout=60",
+        "--best_metric=-loss",
+        f"--model_dir={run}",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:]
     loss = _eval_scalars(run)["loss"]
     assert [step for step, _ in loss] == [3, 6, 9, 12]
@@ -256,4 +307,6 @@ def test_best_checkpoint_kept_by_the_chief_of_two_workers(tmp_path):
     record = best_lib.read(str(run))
     assert (record["metric"], record["higher_is_better"], record["step"]) == ("loss", False, best_step)
     assert record["value"] == pytest.approx(best_loss, rel=1e-6)
-    assert tf.train.load_checkpoint(record["checkpoint"]).get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE") == best_step
+    assert (
+        tf.train.load_checkpoint(record["checkpoint"]).get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE") == best_step
+    )

@@ -29,9 +29,16 @@ from examples.sam import SamTask
 
 TWO = dict(strategy="mirrored", cpu_replicas=2)
 STATE = ("model/", "optimizer/", "task/")
-EXAMPLES = {name: os.path.join(REPO, "examples", f"{file}.py:{name}") for file, name in (
-    ("sam", "SamTask"), ("distillation", "DistillationTask"), ("gradient_penalty", "GradientPenaltyTask"),
-    ("gan", "GanTask"), ("gan", "TwoDiscriminatorStepsGanTask"))}
+EXAMPLES = {
+    name: os.path.join(REPO, "examples", f"{file}.py:{name}")
+    for file, name in (
+        ("sam", "SamTask"),
+        ("distillation", "DistillationTask"),
+        ("gradient_penalty", "GradientPenaltyTask"),
+        ("gan", "GanTask"),
+        ("gan", "TwoDiscriminatorStepsGanTask"),
+    )
+}
 LEARNING_RATE = 0.5  # the one-step tests' SGD rate: large, so a wrong gradient shows
 
 
@@ -62,8 +69,14 @@ def _one_sgd_step(tmp_path, task_class, images, labels, **overrides):
     LEARNING_RATE, one replica) on the global batch (images, labels); the task's model is left at
     the weights before the step, to compute the expected step with plain TensorFlow."""
     placement = build_strategy("mirrored", cpu_replicas=1)
-    config = small_config(tmp_path / task_class.__name__, model="mlp", global_batch=len(labels), optimizer="sgd",
-                          learning_rate=LEARNING_RATE, **overrides)
+    config = small_config(
+        tmp_path / task_class.__name__,
+        model="mlp",
+        global_batch=len(labels),
+        optimizer="sgd",
+        learning_rate=LEARNING_RATE,
+        **overrides,
+    )
     task = task_class(config, DataSpec.classification(images.shape[1:], 3))
     keras.utils.set_random_seed(3)
     state = create_state(placement.strategy, task, seed=3, model_dir=config.model_dir, is_chief=True, keep=1)
@@ -95,6 +108,7 @@ def _assert_sgd_step(before, after, gradients, atol=2e-6):
 
 # ---- each example trains ----
 
+
 @pytest.mark.fast
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
 def test_each_example_trains(tmp_path, example):
@@ -125,6 +139,7 @@ def test_the_gan_refuses_data_that_are_not_images_it_can_make():
 
 
 # ---- each computes what it says ----
+
 
 @pytest.mark.fast
 def test_sam_step_is_the_gradient_at_the_perturbed_weights_applied_at_w(tmp_path):
@@ -166,10 +181,10 @@ def test_gradient_penalty_step_penalises_each_examples_own_input_gradient(tmp_pa
     with tf.GradientTape() as tape:
         total = 0.0
         for i in range(len(labels)):  # each example alone: its own input gradient, by construction
-            x = tf.constant(images[i:i + 1])
+            x = tf.constant(images[i : i + 1])
             with tf.GradientTape() as input_tape:
                 input_tape.watch(x)
-                loss = keras.losses.sparse_categorical_crossentropy(labels[i:i + 1], model(x), from_logits=True)[0]
+                loss = keras.losses.sparse_categorical_crossentropy(labels[i : i + 1], model(x), from_logits=True)[0]
             total += loss + weight * tf.reduce_sum(tf.square(input_tape.gradient(loss, x)))
         mean = total / len(labels)
     gradients = [tf.convert_to_tensor(g).numpy() for g in tape.gradient(mean, model.trainable_variables)]
@@ -200,6 +215,7 @@ def test_distillation_loss_is_the_weighted_kl_to_the_teacher_plus_cross_entropy(
 
 
 # ---- the engine's guarantees with several models and optimizers ----
+
 
 @pytest.mark.parametrize("example", ["GanTask", "SamTask"])
 def test_two_replicas_train_like_one(tmp_path, example):
@@ -255,8 +271,17 @@ def test_sam_trains_with_accumulated_micro_batches(tmp_path):
 
 @pytest.mark.fast
 def test_k_discriminator_steps_per_generator_step(tmp_path):
-    train(_config(tmp_path, "TwoDiscriminatorStepsGanTask", global_batch=16, synthetic_test_examples=16,
-                  summaries="basic", **TWO), **QUIET)
+    train(
+        _config(
+            tmp_path,
+            "TwoDiscriminatorStepsGanTask",
+            global_batch=16,
+            synthetic_test_examples=16,
+            summaries="basic",
+            **TWO,
+        ),
+        **QUIET,
+    )
     assert _iterations(tmp_path / "run", "task/d_optimizer") == 6
     assert _iterations(tmp_path / "run", "optimizer") == 3
 
@@ -294,5 +319,13 @@ def test_a_gan_whose_summaries_crash_keeps_its_checkpoint(tmp_path):
 def test_a_gan_checkpoint_into_a_task_without_the_discriminator_is_refused(tmp_path):
     train(_config(tmp_path, "GanTask"), **QUIET)
     with pytest.raises(UserError, match=r"holds self\.d_optimizer, which this Task does not have"):
-        train(small_config(tmp_path / "run", task=f"{TEST_TASKS}:GanWithoutDiscriminatorTask", model="mlp",
-                           train_steps=12, allow_config_change=True), **QUIET)
+        train(
+            small_config(
+                tmp_path / "run",
+                task=f"{TEST_TASKS}:GanWithoutDiscriminatorTask",
+                model="mlp",
+                train_steps=12,
+                allow_config_change=True,
+            ),
+            **QUIET,
+        )

@@ -22,8 +22,16 @@ import pytest
 
 from helpers import run_cli_timed
 
-RUN = ["--dataset=synthetic", "--synthetic_train_examples=2048", "--synthetic_test_examples=256",
-       "--global_batch=64", "--summaries=basic", "--noexport", "--seed=3", "--collective_timeout=60"]
+RUN = [
+    "--dataset=synthetic",
+    "--synthetic_train_examples=2048",
+    "--synthetic_test_examples=256",
+    "--global_batch=64",
+    "--summaries=basic",
+    "--noexport",
+    "--seed=3",
+    "--collective_timeout=60",
+]
 RUNS = 3
 MAX_SECONDS_AFTER_LAST_LINE = 3.0
 TRAIN_SECONDS = 13.0  # see the docstring
@@ -42,11 +50,15 @@ def _steps_for(seconds: float, output: str, default: int) -> int:
     return max(300, min(6000, round(seconds * int(speed.group(1).replace(",", "")) / 64 / 3) * 3))
 
 
-@pytest.mark.parametrize("layout, steps", [
-    (["--strategy=mirrored", "--cpu_replicas=1"], 1500),
-    (["--strategy=mirrored", "--cpu_replicas=2"], 1500),
-    (["--strategy=multi_worker_mirrored", "--num_workers=2"], 60),
-], ids=["mirrored_1_replica", "mirrored_2_replicas", "two_workers"])
+@pytest.mark.parametrize(
+    "layout, steps",
+    [
+        (["--strategy=mirrored", "--cpu_replicas=1"], 1500),
+        (["--strategy=mirrored", "--cpu_replicas=2"], 1500),
+        (["--strategy=multi_worker_mirrored", "--num_workers=2"], 60),
+    ],
+    ids=["mirrored_1_replica", "mirrored_2_replicas", "two_workers"],
+)
 def test_process_ends_promptly_after_its_last_line(tmp_path, layout, steps):
     lingered = []
     for run in range(RUNS):
@@ -54,11 +66,12 @@ def test_process_ends_promptly_after_its_last_line(tmp_path, layout, steps):
         assert result.returncode == 0, result.output[-3000:]
         assert "wall time" in result.output  # the summary was printed: the run finished
         seconds = result.seconds_after_last_line
-        print(f"{layout} {steps} steps, run {run}: exited {seconds:.2f} s after its last line, "
-              f"{result.exited:.1f} s in all")
+        print(
+            f"{layout} {steps} steps, run {run}: exited {seconds:.2f} s after its last line, "
+            f"{result.exited:.1f} s in all"
+        )
         if layout[0] == "--strategy=mirrored":
             steps = _steps_for(TRAIN_SECONDS, result.output, steps)
         if seconds > MAX_SECONDS_AFTER_LAST_LINE:
-            lingered.append(f"run {run}: exited {seconds:.1f} s after its last line "
-                            f"({result.lines[-1][2].strip()!r})")
+            lingered.append(f"run {run}: exited {seconds:.1f} s after its last line ({result.lines[-1][2].strip()!r})")
     assert not lingered, lingered

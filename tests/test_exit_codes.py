@@ -37,7 +37,9 @@ def test_the_errors_exit_with_the_tables_codes():
 
 def test_the_docs_table_is_the_modules():
     with open(os.path.join(REPO, "docs", "failures.md")) as f:
-        assert exit_codes.markdown_table() in f.read(), "regenerate docs/failures.md's table: exit_codes.markdown_table()"
+        assert exit_codes.markdown_table() in f.read(), (
+            "regenerate docs/failures.md's table: exit_codes.markdown_table()"
+        )
 
 
 def test_the_indexed_job_fails_on_permanent_codes_and_retries_the_others():

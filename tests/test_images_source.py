@@ -49,8 +49,9 @@ def write_folder(directory, ids, folder_of, shape=(12, 10, 3)) -> dict:
     for example_id in ids:
         folder = os.path.join(str(directory), folder_of(example_id))
         os.makedirs(folder, exist_ok=True)
-        tf.io.write_file(os.path.join(folder, f"img{example_id:05d}.png"),
-                         tf.io.encode_png(id_image(example_id, shape)))
+        tf.io.write_file(
+            os.path.join(folder, f"img{example_id:05d}.png"), tf.io.encode_png(id_image(example_id, shape))
+        )
         written[example_id] = folder_of(example_id)
     return written
 
@@ -140,7 +141,8 @@ def test_validation_split_is_deterministic_disjoint_and_complete(tmp_path):
     shutil.copytree(tmp_path / "a", tmp_path / "elsewhere")  # another path (another host): the same split
     moved = sources.load(config.replace(dataset=f"images:{tmp_path / 'elsewhere'}"))
     assert [os.path.relpath(p, tmp_path / "elsewhere") for p in moved.test_units[0]] == [
-        os.path.relpath(p, tmp_path / "a") for p in source.test_units[0]]
+        os.path.relpath(p, tmp_path / "a") for p in source.test_units[0]
+    ]
     # A new file moves at most one file of its class between the splits.
     write_folder(tmp_path / "a", [41], lambda _: "ant")
     grown = sources.load(config)
@@ -150,8 +152,16 @@ def test_validation_split_is_deterministic_disjoint_and_complete(tmp_path):
 # ---- training and evaluation ----
 def test_trains_on_two_replicas_and_records_class_names(tmp_path):
     split_folders(tmp_path / "data")
-    config = small_config(tmp_path / "run", dataset=f"images:{tmp_path / 'data'}", strategy="mirrored",
-                          cpu_replicas=2, global_batch=8, train_steps=5, steps_per_loop=2, shuffle_buffer=16)
+    config = small_config(
+        tmp_path / "run",
+        dataset=f"images:{tmp_path / 'data'}",
+        strategy="mirrored",
+        cpu_replicas=2,
+        global_batch=8,
+        train_steps=5,
+        steps_per_loop=2,
+        shuffle_buffer=16,
+    )
     result = train(config, **QUIET)
     assert result.final_step == 5 and np.isfinite(result.eval_metrics["loss"])
     with open(tmp_path / "run" / "config.json") as f:
@@ -225,9 +235,17 @@ def test_flags_reach_the_config(tmp_path):
 
 def test_cli_run_with_validation_split(tmp_path):
     write_folder(tmp_path / "data", range(24), by_id)
-    proc = run_cli(f"--dataset=images:{tmp_path / 'data'}", "--validation_split=0.25", "--image_size=8,8",
-                   "--global_batch=6", "--train_steps=2", "--model=mlp", "--seed=1", "--noexport",
-                   f"--model_dir={tmp_path / 'run'}")
+    proc = run_cli(
+        f"--dataset=images:{tmp_path / 'data'}",
+        "--validation_split=0.25",
+        "--image_size=8,8",
+        "--global_batch=6",
+        "--train_steps=2",
+        "--model=mlp",
+        "--seed=1",
+        "--noexport",
+        f"--model_dir={tmp_path / 'run'}",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "images:" in proc.stdout and "18 train / 6 test" in proc.stdout and "(ant, moth, zebra)" in proc.stdout
     with open(tmp_path / "run" / "config.json") as f:
@@ -245,6 +263,7 @@ def _garbage(path, data=b"this is not an image"):
 
 def _folder(write):
     """A maker of images:ROOT for the test's tmp_path ROOT, after write(ROOT as str)."""
+
     def make(root):
         write(str(root))
         return f"images:{root}"
@@ -272,35 +291,68 @@ SPLIT = _split_plus(lambda root: None)
 ONE_FOLDER = _folder(lambda root: write_folder(root, range(6), by_id))
 BAD = [
     pytest.param(lambda p: f"images:{p / 'missing'}", {}, "no such directory", id="missing_dir"),
-    pytest.param(_folder(lambda r: _garbage(f"{r}/x.png")), {"validation_split": 0.5}, "holds no class folders",
-                 id="no_class_folders"),
-    pytest.param(_split_plus(lambda r: _garbage(f"{r}/train/bee/a.txt")), {},
-                 r"class folder .*train/bee holds no images", id="empty_class"),
-    pytest.param(_split_plus(lambda r: _garbage(f"{r}/train/ant/img00001.png")), {},
-                 r"train/ant/img00001.png: not a PNG or JPEG image", id="not_an_image"),
+    pytest.param(
+        _folder(lambda r: _garbage(f"{r}/x.png")),
+        {"validation_split": 0.5},
+        "holds no class folders",
+        id="no_class_folders",
+    ),
+    pytest.param(
+        _split_plus(lambda r: _garbage(f"{r}/train/bee/a.txt")),
+        {},
+        r"class folder .*train/bee holds no images",
+        id="empty_class",
+    ),
+    pytest.param(
+        _split_plus(lambda r: _garbage(f"{r}/train/ant/img00001.png")),
+        {},
+        r"train/ant/img00001.png: not a PNG or JPEG image",
+        id="not_an_image",
+    ),
     pytest.param(_split_plus(_corrupt_first_png), {}, r"train/ant/img00001.png: corrupt image", id="corrupt_png"),
-    pytest.param(_split_plus(lambda r: write_folder(f"{r}/test", [5], lambda _: "bee")), {},
-                 r"test has class folders that .*train lacks: bee", id="unknown_test_class"),
-    pytest.param(_folder(lambda r: write_folder(f"{r}/train", range(6), by_id)), {},
-                 r"has .*train but no .*test", id="train_without_test"),
+    pytest.param(
+        _split_plus(lambda r: write_folder(f"{r}/test", [5], lambda _: "bee")),
+        {},
+        r"test has class folders that .*train lacks: bee",
+        id="unknown_test_class",
+    ),
+    pytest.param(
+        _folder(lambda r: write_folder(f"{r}/train", range(6), by_id)),
+        {},
+        r"has .*train but no .*test",
+        id="train_without_test",
+    ),
     pytest.param(ONE_FOLDER, {}, "no train/ and test/ folders; pass --validation_split", id="no_split"),
-    pytest.param(SPLIT, {"validation_split": 0.2}, r"--validation_split=0.2 with .*/train and /test",
-                 id="split_with_test_folder"),
-    pytest.param(ONE_FOLDER, {"validation_split": 1.5}, r"--validation_split=1.5: expected a fraction",
-                 id="split_too_large"),
-    pytest.param(ONE_FOLDER, {"validation_split": -0.1}, r"--validation_split=-0.1: expected a fraction",
-                 id="split_negative"),
+    pytest.param(
+        SPLIT, {"validation_split": 0.2}, r"--validation_split=0.2 with .*/train and /test", id="split_with_test_folder"
+    ),
+    pytest.param(
+        ONE_FOLDER, {"validation_split": 1.5}, r"--validation_split=1.5: expected a fraction", id="split_too_large"
+    ),
+    pytest.param(
+        ONE_FOLDER, {"validation_split": -0.1}, r"--validation_split=-0.1: expected a fraction", id="split_negative"
+    ),
     pytest.param(SPLIT, {"image_size": "64"}, r"--image_size='64': expected HEIGHT,WIDTH", id="image_size_one_number"),
     pytest.param(SPLIT, {"image_size": "a,b"}, r"--image_size='a,b': expected positive", id="image_size_not_numbers"),
     pytest.param(SPLIT, {"num_classes": 5}, r"--num_classes=5 but .* has 3 classes", id="num_classes"),
-    pytest.param(lambda p: "synthetic", {"image_size": "8,8"},
-                 r"--image_size=8,8 applies to --dataset=images:DIR and tfrecord: images only, not --dataset=synth",
-                 id="size_synthetic"),
-    pytest.param(lambda p: "npz:" + str(p / "missing.npz"), {"validation_split": 0.1},
-                 r"--validation_split=0.1 applies to --dataset=images:DIR only", id="split_npz"),
-    pytest.param(lambda p: _tfrecord(p, np.zeros((4, 3), np.float32)), {"image_size": "8,8"},
-                 r"--image_size=8,8: the records of .*train-00000-of-00001.tfrecord hold 'x' tensors",
-                 id="size_tfrecord_tensors"),
+    pytest.param(
+        lambda p: "synthetic",
+        {"image_size": "8,8"},
+        r"--image_size=8,8 applies to --dataset=images:DIR and tfrecord: images only, not --dataset=synth",
+        id="size_synthetic",
+    ),
+    pytest.param(
+        lambda p: "npz:" + str(p / "missing.npz"),
+        {"validation_split": 0.1},
+        r"--validation_split=0.1 applies to --dataset=images:DIR only",
+        id="split_npz",
+    ),
+    pytest.param(
+        lambda p: _tfrecord(p, np.zeros((4, 3), np.float32)),
+        {"image_size": "8,8"},
+        r"--image_size=8,8: the records of .*train-00000-of-00001.tfrecord hold 'x' tensors",
+        id="size_tfrecord_tensors",
+    ),
 ]
 
 
@@ -336,9 +388,10 @@ def test_the_checker_names_every_bad_file(tmp_path):
     truncated = os.path.join(str(tmp_path), "train", "moth", "img00008.png")  # not the first moth file
     with open(truncated, "rb") as f:
         data = f.read()
-    _garbage(truncated, data[:len(data) // 2])
-    tf.io.write_file(os.path.join(str(tmp_path), "test", "zebra", "img01008.png"),
-                     tf.io.encode_png(id_image(1008, (5, 5, 3))))
+    _garbage(truncated, data[: len(data) // 2])
+    tf.io.write_file(
+        os.path.join(str(tmp_path), "test", "zebra", "img01008.png"), tf.io.encode_png(id_image(1008, (5, 5, 3)))
+    )
     source = sources.load(Config(dataset=f"images:{tmp_path}"))  # only first files are decoded here
     with pytest.raises(tf.errors.InvalidArgumentError, match="Invalid PNG data"):
         list(source.train_dataset_fn(10, seed=1)(tf.distribute.InputContext(1, 0, 1)).take(3))

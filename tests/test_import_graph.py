@@ -38,8 +38,10 @@ def _imports(path) -> set:
 
 def _graph(package: str) -> dict:
     modules = _modules(package)
-    return {name: {other for other in _imports(path) if other in modules and other != name}
-            for name, path in modules.items()}
+    return {
+        name: {other for other in _imports(path) if other in modules and other != name}
+        for name, path in modules.items()
+    }
 
 
 def _cycle(graph: dict):
@@ -51,7 +53,7 @@ def _cycle(graph: dict):
         stack.append(node)
         for other in sorted(graph[node]):
             if state.get(other) == "open":
-                return stack[stack.index(other):] + [other]
+                return stack[stack.index(other) :] + [other]
             if other not in state:
                 found = visit(other)
                 if found:
@@ -86,16 +88,30 @@ def test_data_never_imports_the_task_or_the_controller():
             assert not back, f"{name} imports {sorted(back)}"
 
 
-@pytest.mark.parametrize("package", ["engine", "engine.controller", "engine.data", "engine.distribute",
-                                     "engine.observe", "engine.tasks", "engine.models"])
+@pytest.mark.parametrize(
+    "package",
+    [
+        "engine",
+        "engine.controller",
+        "engine.data",
+        "engine.distribute",
+        "engine.observe",
+        "engine.tasks",
+        "engine.models",
+    ],
+)
 def test_module_map_names_every_module(package):
     """The package docstrings are the module map (BUILD.md points to them): each names its modules."""
     directory = pathlib.Path(REPO, *package.split("."))
     doc = ast.get_docstring(ast.parse((directory / "__init__.py").read_text()))
-    missing = [path.name for path in sorted(directory.glob("*.py"))
-               if path.name != "__init__.py" and path.name not in doc]
-    subpackages = [path.name + "/" for path in sorted(directory.iterdir())
-                   if (path / "__init__.py").exists() and path.name + "/" not in doc]
+    missing = [
+        path.name for path in sorted(directory.glob("*.py")) if path.name != "__init__.py" and path.name not in doc
+    ]
+    subpackages = [
+        path.name + "/"
+        for path in sorted(directory.iterdir())
+        if (path / "__init__.py").exists() and path.name + "/" not in doc
+    ]
     assert not missing + subpackages, f"{package}'s docstring does not name {missing + subpackages}"
 
 

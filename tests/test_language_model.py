@@ -63,15 +63,21 @@ def _padded_batch(uneven: bool):
     if uneven:
         labels[: BATCH // 2, 3:] = text.PAD_LABEL  # replica 0: 4 x 3 = 12 real tokens; replica 1: 64
     else:
-        labels[:, SEQ - 2:] = text.PAD_LABEL
+        labels[:, SEQ - 2 :] = text.PAD_LABEL
     return tokens, labels
 
 
 def _trained(tmp_path, task_class, replicas, batch, steps=3):
     """(weights before, weights after `steps` SGD steps on `batch`, reported train loss)."""
     placement = build_strategy("mirrored", cpu_replicas=replicas)
-    config = small_config(tmp_path / f"{task_class.__name__}{replicas}", task="language_model", seq_len=SEQ,
-                          global_batch=BATCH, optimizer="sgd", learning_rate=LEARNING_RATE)
+    config = small_config(
+        tmp_path / f"{task_class.__name__}{replicas}",
+        task="language_model",
+        seq_len=SEQ,
+        global_batch=BATCH,
+        optimizer="sgd",
+        learning_rate=LEARNING_RATE,
+    )
     task = task_class(config, DataSpec(tf.TensorSpec((SEQ,), tf.int32), tf.TensorSpec((SEQ,), tf.int32), 256))
     keras.utils.set_random_seed(3)
     state = create_state(placement.strategy, task, seed=3, model_dir=config.model_dir, is_chief=True, keep=1)
@@ -130,10 +136,12 @@ def test_local_token_count_breaks_equivalence_only_when_padding_is_uneven(tmp_pa
 def _english_like_text(path):
     """A generated English-like text (used when the fortunes files are missing)."""
     rng = np.random.default_rng(0)
-    words = ("the of and to in is was that for it with as his on be at by had not are but from or have an "
-             "they which one you were her all she there would their we him been has when who will more no if "
-             "out so said what up its about into than them can only other new some time could these two may "
-             "then do first any my now such like our over man me even most made after also did many before").split()
+    words = (
+        "the of and to in is was that for it with as his on be at by had not are but from or have an "
+        "they which one you were her all she there would their we him been has when who will more no if "
+        "out so said what up its about into than them can only other new some time could these two may "
+        "then do first any my now such like our over man me even most made after also did many before"
+    ).split()
     sentences = [" ".join(rng.choice(words, size=rng.integers(4, 12))).capitalize() + "." for _ in range(3000)]
     path.write_text("\n".join(sentences))
     return str(path)
@@ -143,8 +151,16 @@ def test_perplexity_beats_unigram_and_sample_reaches_tensorboard(tmp_path):
     path = FORTUNES if os.path.isfile(FORTUNES) else _english_like_text(tmp_path / "english.txt")
     tokens, where = text.read_bytes(path)
     unigram = text.unigram_perplexity(*text.split(tokens, 64, where))
-    config = small_config(tmp_path / "run", task="language_model", dataset=f"text:{path}", seq_len=64,
-                          global_batch=32, train_steps=40, steps_per_loop=20, eval_every=40)
+    config = small_config(
+        tmp_path / "run",
+        task="language_model",
+        dataset=f"text:{path}",
+        seq_len=64,
+        global_batch=32,
+        train_steps=40,
+        steps_per_loop=20,
+        eval_every=40,
+    )
     result = train(config, **QUIET)
     perplexity = result.eval_metrics["perplexity"]
     assert perplexity == pytest.approx(np.exp(result.eval_metrics["loss"]), rel=1e-6)

@@ -47,6 +47,7 @@ def user_models(tmp_path):
 
 # ---- the built-in resnet20 ----
 
+
 @pytest.mark.fast
 def test_resnet20_shape_parameters_and_names():
     model = build_model("resnet20", (32, 32, 3), 10)
@@ -62,8 +63,9 @@ def test_resnet20_shape_parameters_and_names():
     assert trainable == convolutions + 2 * channels + 64 * 10 + 10 == 272_474
     assert model.count_params() == trainable + 2 * channels == 274_042  # + moving mean and variance
     # 20 weighted layers on the main path: 19 3x3 convolutions and the dense layer.
-    kernels_3x3 = [layer for layer in model.layers if isinstance(layer, keras.layers.Conv2D)
-                   and layer.kernel_size == (3, 3)]
+    kernels_3x3 = [
+        layer for layer in model.layers if isinstance(layer, keras.layers.Conv2D) and layer.kernel_size == (3, 3)
+    ]
     assert len(kernels_3x3) == 19
     assert len(norms) == 21 and all(layer.synchronized and layer.momentum == 0.9 for layer in norms)
     assert model.get_layer("stage2_block1_conv1").strides == (2, 2)
@@ -86,8 +88,7 @@ def test_resnet20_two_replicas_train_like_one(tmp_path):
     much cancellation): a single device's gradients differ by ~3% of their largest element when the
     batch's examples are merely permuted, and by ~1e-12 in float64 (permuted or split in two). It
     grows with the learning rate and the steps (2 steps at 0.05: 3e-4), hence the small rate."""
-    settings = dict(model="resnet20", optimizer="sgd", learning_rate=0.01, train_steps=2, steps_per_loop=2,
-                    **COLOUR_32)
+    settings = dict(model="resnet20", optimizer="sgd", learning_rate=0.01, train_steps=2, steps_per_loop=2, **COLOUR_32)
     one = trained_by_name(tmp_path / "one", strategy="default", **settings)
     two = trained_by_name(tmp_path / "two", strategy="mirrored", cpu_replicas=2, **settings)
     moved = max(float(np.max(np.abs(w))) for n, w in one.items() if n.endswith("moving_mean"))
@@ -97,6 +98,7 @@ def test_resnet20_two_replicas_train_like_one(tmp_path):
 
 
 # ---- the user's function: path/to/file.py:function and package.module:function ----
+
 
 def test_model_from_file_two_replicas_train_like_one(tmp_path, user_models):
     """docs/models.md's example file, --model=my_models.py:small_cnn: its synchronised batch norm makes 2
@@ -115,7 +117,9 @@ def test_builder_that_asks_for_the_spec_gets_it(tmp_path, user_models):
     spec = DataSpec.classification((28, 28, 1), 10)
     task = Task(small_config(tmp_path, model=f"{user_models}:with_spec"), spec=spec)
     assert task.build_model().name == "spec_float32_10"
-    assert build_model(f"{user_models}:small_cnn", (28, 28, 1), 10, spec=spec).name == "small_cnn"  # not asked: not given
+    assert (
+        build_model(f"{user_models}:small_cnn", (28, 28, 1), 10, spec=spec).name == "small_cnn"
+    )  # not asked: not given
 
 
 @pytest.mark.fast
@@ -124,9 +128,17 @@ def test_package_module_function_form(tmp_path):
     registered = build_model("mlp", (28, 28, 1), 10)
     assert model.name == "mlp" and model.count_params() == registered.count_params()
     assert [type(layer) for layer in model.layers] == [type(layer) for layer in registered.layers]
-    result = train(small_config(tmp_path, model="engine.models.classifiers:mlp", strategy="mirrored",
-                                cpu_replicas=2, train_steps=2, steps_per_loop=2),
-                   **QUIET)
+    result = train(
+        small_config(
+            tmp_path,
+            model="engine.models.classifiers:mlp",
+            strategy="mirrored",
+            cpu_replicas=2,
+            train_steps=2,
+            steps_per_loop=2,
+        ),
+        **QUIET,
+    )
     assert result.final_step == 2 and result.eval_metrics["accuracy"] >= 0
 
 
@@ -135,12 +147,19 @@ def test_default_model_dir_names_the_model_form():
     def name(model):
         return os.path.basename(default_model_dir("synthetic", model, "default")).split("-")[1]
 
-    assert [name(m) for m in ("cnn", "/home/me/nets/my net.py:build", "engine.models.classifiers:mlp",
-                              "keras.applications.ResNet50")] == ["cnn", "my_net_build", "classifiers_mlp",
-                                                                  "ResNet50"]
+    assert [
+        name(m)
+        for m in (
+            "cnn",
+            "/home/me/nets/my net.py:build",
+            "engine.models.classifiers:mlp",
+            "keras.applications.ResNet50",
+        )
+    ] == ["cnn", "my_net_build", "classifiers_mlp", "ResNet50"]
 
 
 # ---- keras.applications.NAME ----
+
 
 @pytest.mark.fast
 def test_keras_application_outputs_logits_without_its_preprocessing():
@@ -158,10 +177,23 @@ def test_keras_application_trains_on_two_replicas_and_exports(tmp_path):
     """VGG16: the cheapest application to run here that accepts 32x32x3 (few layers, so it traces
     fast: 12-30 s for this run with the CPU shared, against ~70 s for MobileNet and ~100 s for
     MobileNetV2 or MobileNetV3Small under the same load)."""
-    result = train(small_config(tmp_path, model="keras.applications.VGG16", strategy="mirrored", cpu_replicas=2,
-                                train_steps=2, steps_per_loop=2, global_batch=32, synthetic_train_examples=128,
-                                synthetic_test_examples=32, summaries="basic", export=True, **COLOUR_32),
-                   **QUIET)
+    result = train(
+        small_config(
+            tmp_path,
+            model="keras.applications.VGG16",
+            strategy="mirrored",
+            cpu_replicas=2,
+            train_steps=2,
+            steps_per_loop=2,
+            global_batch=32,
+            synthetic_train_examples=128,
+            synthetic_test_examples=32,
+            summaries="basic",
+            export=True,
+            **COLOUR_32,
+        ),
+        **QUIET,
+    )
     assert result.final_step == 2 and np.isfinite(result.train_metrics["loss"])
     loaded = keras.models.load_model(os.path.join(str(tmp_path), "export", "model.keras"))
     assert loaded.name == "vgg16" and loaded.output_shape == (None, 10)

@@ -21,11 +21,13 @@ def _train(model_dir, **overrides) -> dict:
     """Two SGD steps. Longer runs of a freshly initialised BN network amplify float rounding (the
     replicas sum in a different order): after 6 steps synchronised 2-vs-1 replica weights differ by
     up to ~3e-4, after 1-2 steps by ~1e-6, while unsynchronised statistics differ by 1e-3 and more."""
-    return trained_by_name(model_dir, **{**dict(model="cnn_bn", optimizer="sgd", train_steps=2, steps_per_loop=2),
-                                         **overrides})
+    return trained_by_name(
+        model_dir, **{**dict(model="cnn_bn", optimizer="sgd", train_steps=2, steps_per_loop=2), **overrides}
+    )
 
 
 # ---- the model itself ----
+
 
 @pytest.mark.fast
 def test_cnn_bn_shape_dtype_and_parameters():
@@ -35,8 +37,9 @@ def test_cnn_bn_shape_dtype_and_parameters():
     # conv 3*3*1*32 + conv 3*3*32*64 (no biases) + dense 3136*128+128 + dense 128*10+10 + BN 4*(32+64).
     assert model.count_params() == 288 + 18_432 + 401_536 + 1_290 + 4 * 96 == 421_930
     non_trainable = sorted(w.path for w in model.non_trainable_weights)
-    assert non_trainable == sorted(f"cnn_bn/block{b}_bn/{s}" for b in (1, 2)
-                                   for s in ("moving_mean", "moving_variance"))
+    assert non_trainable == sorted(
+        f"cnn_bn/block{b}_bn/{s}" for b in (1, 2) for s in ("moving_mean", "moving_variance")
+    )
     norms = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
     assert len(norms) == 2 and all(layer.synchronized for layer in norms)
 
@@ -54,10 +57,10 @@ def test_cnn_bn_learns_synthetic_data():
     @tf.function
     def step():
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
-                labels, model(images, training=True), from_logits=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                      model.trainable_variables))
+            loss = tf.reduce_mean(
+                keras.losses.sparse_categorical_crossentropy(labels, model(images, training=True), from_logits=True)
+            )
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 
     losses = [float(step()) for _ in range(40)]
@@ -66,6 +69,7 @@ def test_cnn_bn_learns_synthetic_data():
 
 
 # ---- batch-norm synchronisation ----
+
 
 @pytest.mark.parametrize("synchronized", [True, False])
 @pytest.mark.fast
@@ -80,7 +84,8 @@ def test_bn_layer_statistics_across_replicas(synchronized):
         layer = keras.layers.BatchNormalization(momentum=0.0, synchronized=synchronized)
         layer.build((None, 3))
     halves = strategy.experimental_distribute_values_from_function(
-        lambda context: images[4 * context.replica_id_in_sync_group:][:4])
+        lambda context: images[4 * context.replica_id_in_sync_group :][:4]
+    )
     strategy.run(tf.function(lambda x: layer(x, training=True)), args=(halves,))
     copies = [v.numpy() for v in layer.moving_mean.value.values]  # one per replica
     if synchronized:
@@ -120,10 +125,23 @@ def test_unsynchronized_bn_two_replicas_drift(tmp_path, one_replica):
 def test_synchronized_bn_two_workers_train_like_one(tmp_path, one_replica):
     """MultiWorkerMirroredStrategy: 2 worker processes x 1 replica match the one-replica run."""
     launched = run_cli(
-        "--strategy=multi_worker_mirrored", "--num_workers=2", "--collective_timeout=30",
-        "--dataset=synthetic", "--synthetic_train_examples=1024", "--synthetic_test_examples=300",
-        "--global_batch=64", "--train_steps=2", "--steps_per_loop=2", "--seed=7", "--model=cnn_bn",
-        "--optimizer=sgd", f"--task={NO_DROPOUT}", f"--model_dir={tmp_path}", "--export", timeout=180)
+        "--strategy=multi_worker_mirrored",
+        "--num_workers=2",
+        "--collective_timeout=30",
+        "--dataset=synthetic",
+        "--synthetic_train_examples=1024",
+        "--synthetic_test_examples=300",
+        "--global_batch=64",
+        "--train_steps=2",
+        "--steps_per_loop=2",
+        "--seed=7",
+        "--model=cnn_bn",
+        "--optimizer=sgd",
+        f"--task={NO_DROPOUT}",
+        f"--model_dir={tmp_path}",
+        "--export",
+        timeout=180,
+    )
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
     assert "global batch 64 = 2 replicas x 32" in launched.stdout
     assert max_difference_by_name(one_replica, exported_by_name(tmp_path)) < 1e-5

@@ -12,16 +12,36 @@ import time
 import numpy as np
 import pytest
 
-from helpers import QUIET, REPO, TEST_TASKS, checkpoint_state, exported_weights, finish_all, run_cli, small_config, tensorboard_run, tensorboard_scalars
+from helpers import (
+    QUIET,
+    REPO,
+    TEST_TASKS,
+    checkpoint_state,
+    exported_weights,
+    finish_all,
+    run_cli,
+    small_config,
+    tensorboard_run,
+    tensorboard_scalars,
+)
 from engine.distribute.launch import worker_tf_configs
 from engine.controller.trainer import train
 from engine import exit_codes
 from engine.update import INITIAL_LOSS_SCALE
 
 # The same run as helpers.small_config(model="mlp"), as flags.
-ARGS = ["--dataset=synthetic", "--synthetic_train_examples=1024", "--synthetic_test_examples=300",
-        "--global_batch=64", "--train_steps=6", "--steps_per_loop=3", "--seed=7", "--model=mlp",
-        "--optimizer=adam", "--collective_timeout=30"]
+ARGS = [
+    "--dataset=synthetic",
+    "--synthetic_train_examples=1024",
+    "--synthetic_test_examples=300",
+    "--global_batch=64",
+    "--train_steps=6",
+    "--steps_per_loop=3",
+    "--seed=7",
+    "--model=mlp",
+    "--optimizer=adam",
+    "--collective_timeout=30",
+]
 
 
 def _start(per_worker_args, timeout=120):
@@ -29,10 +49,16 @@ def _start(per_worker_args, timeout=120):
     processes = []
     for tf_config, args in zip(worker_tf_configs(len(per_worker_args)), per_worker_args):
         env = dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3")
-        processes.append(subprocess.Popen(
-            [sys.executable, os.path.join(REPO, "run.py"), "--strategy=multi_worker_mirrored", *args],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        ))
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, os.path.join(REPO, "run.py"), "--strategy=multi_worker_mirrored", *args],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     return processes
 
 
@@ -51,15 +77,23 @@ def _assert_same(a, b):
 def test_worker_layouts_train_alike(tmp_path, input_mode, accumulate):
     """2 workers x 1 replica == 1 worker x 2 replicas == 1 worker x 1 replica; the 2 workers also
     with 2 accumulated micro-batches each (their sum is the same update)."""
-    launched = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", f"--input_mode={input_mode}",
-                       f"--grad_accum_steps={accumulate}", *ARGS, f"--model_dir={tmp_path / 'two_workers'}",
-                       "--export", timeout=180)
+    launched = run_cli(
+        "--strategy=multi_worker_mirrored",
+        "--num_workers=2",
+        f"--input_mode={input_mode}",
+        f"--grad_accum_steps={accumulate}",
+        *ARGS,
+        f"--model_dir={tmp_path / 'two_workers'}",
+        "--export",
+        timeout=180,
+    )
     assert launched.returncode == 0, launched.stdout[-3000:]
     assert "[worker 0] global batch 64 = 2 replicas x 32" in launched.stdout
     assert "[worker 1] agreement    all 2 workers run the same flags" in launched.stdout
     two_workers = exported_weights(tmp_path / "two_workers")
-    one_by_two = _single_process_weights(tmp_path, "one_by_two", strategy="mirrored", cpu_replicas=2,
-                                         input_mode=input_mode)
+    one_by_two = _single_process_weights(
+        tmp_path, "one_by_two", strategy="mirrored", cpu_replicas=2, input_mode=input_mode
+    )
     one_by_one = _single_process_weights(tmp_path, "one_by_one", input_mode=input_mode)
     _assert_same(two_workers, one_by_one)
     _assert_same(one_by_two, one_by_one)
@@ -68,9 +102,16 @@ def test_worker_layouts_train_alike(tmp_path, input_mode, accumulate):
 def test_float16_overflow_on_one_worker_skips_everywhere_without_a_hang(tmp_path):
     """Worker 1's gradients are +Inf at step 3, worker 0's are clean (float16, loss scaling, 2
     micro-batches): both skip that update (the check is on the summed gradients) and finish."""
-    launched = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", "--precision=mixed_float16",
-                       "--grad_accum_steps=2", f"--task={TEST_TASKS}:InfGradientTask", *ARGS,
-                       f"--model_dir={tmp_path}", timeout=180)
+    launched = run_cli(
+        "--strategy=multi_worker_mirrored",
+        "--num_workers=2",
+        "--precision=mixed_float16",
+        "--grad_accum_steps=2",
+        f"--task={TEST_TASKS}:InfGradientTask",
+        *ARGS,
+        f"--model_dir={tmp_path}",
+        timeout=180,
+    )
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
     state = checkpoint_state(tmp_path)
     assert all(np.all(np.isfinite(v)) for v in state.values())
@@ -82,8 +123,14 @@ def test_only_the_chief_writes(tmp_path):
     """Every TensorBoard extra on: the chief writes them all (its predict pass for the eval images
     and its profiler add no collective, or the workers would hang); worker 1 writes nothing."""
     extras = ["--histogram_every=3", "--trace_graph", "--profile_steps=0,3"]
-    codes, outputs = finish_all(_start([[*ARGS, *extras, f"--model_dir={tmp_path / 'chief'}"],
-                                     [*ARGS, *extras, f"--model_dir={tmp_path / 'worker1'}"]]))
+    codes, outputs = finish_all(
+        _start(
+            [
+                [*ARGS, *extras, f"--model_dir={tmp_path / 'chief'}"],
+                [*ARGS, *extras, f"--model_dir={tmp_path / 'worker1'}"],
+            ]
+        )
+    )
     assert codes == [0, 0], outputs
     assert sorted(os.listdir(tmp_path / "chief")) == ["checkpoints", "config.json", "eval", "export", "train"]
     assert not (tmp_path / "worker1").exists()
@@ -94,11 +141,17 @@ def test_only_the_chief_writes(tmp_path):
 
 def test_flag_mismatch_stops_every_worker(tmp_path):
     started = time.monotonic()
-    codes, outputs = finish_all(_start([[*ARGS, f"--model_dir={tmp_path}"],
-                                     [*ARGS, f"--model_dir={tmp_path}", "--global_batch=128", "--model=cnn"]]))
+    codes, outputs = finish_all(
+        _start(
+            [
+                [*ARGS, f"--model_dir={tmp_path}"],
+                [*ARGS, f"--model_dir={tmp_path}", "--global_batch=128", "--model=cnn"],
+            ]
+        )
+    )
     assert codes == [2, 2], outputs
     for output in outputs:
-        line = [l for l in output.splitlines() if l.startswith("error:")][-1]
+        line = [text for text in output.splitlines() if text.startswith("error:")][-1]
         assert "--global_batch differs on worker:1 from worker:0" in line and "--model differs" in line
         assert "Traceback" not in output
     assert not os.path.exists(tmp_path / "checkpoints")
@@ -106,8 +159,7 @@ def test_flag_mismatch_stops_every_worker(tmp_path):
 
 
 def test_killed_worker_is_named_within_the_timeout(tmp_path):
-    long_run = [*ARGS, "--train_steps=1000000", "--steps_per_loop=5", "--checkpoint_every=5",
-                "--collective_timeout=10"]
+    long_run = [*ARGS, "--train_steps=1000000", "--steps_per_loop=5", "--checkpoint_every=5", "--collective_timeout=10"]
     processes = _start([[*long_run, f"--model_dir={tmp_path}"], [*long_run, f"--model_dir={tmp_path}"]])
     try:
         deadline = time.monotonic() + 90
@@ -125,7 +177,7 @@ def test_killed_worker_is_named_within_the_timeout(tmp_path):
     # The peer watchdog names it after --collective_timeout (10 s) unless the process is inside a
     # call that holds the GIL; then TensorFlow's own heartbeat (20-25 s here) ends the collective.
     assert elapsed < 45, elapsed
-    error = [l for l in output.splitlines() if l.startswith("error:")][-1]
+    error = [text for text in output.splitlines() if text.startswith("error:")][-1]
     assert "worker:1" in error and "Traceback" not in output
 
 
@@ -134,9 +186,19 @@ def test_worker_that_never_starts_is_named(tmp_path):
     tf_config = worker_tf_configs(2)[0]
     env = dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3")
     alone = subprocess.run(
-        [sys.executable, os.path.join(REPO, "run.py"), "--strategy=multi_worker_mirrored", *ARGS,
-         "--collective_timeout=5", f"--model_dir={tmp_path}"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            os.path.join(REPO, "run.py"),
+            "--strategy=multi_worker_mirrored",
+            *ARGS,
+            "--collective_timeout=5",
+            f"--model_dir={tmp_path}",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert alone.returncode == exit_codes.CLUSTER_NOT_FORMED.code
     worker1 = json.loads(tf_config)["cluster"]["worker"][1]
@@ -146,8 +208,15 @@ def test_worker_that_never_starts_is_named(tmp_path):
 
 def test_launcher_stops_the_rest_at_the_first_failure_and_never_retries_a_permanent_one(tmp_path):
     started = time.monotonic()
-    result = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", *ARGS, "--max_restarts=2",
-                     f"--task={TEST_TASKS}:FailOnWorkerOneTask", f"--model_dir={tmp_path}", timeout=120)
+    result = run_cli(
+        "--strategy=multi_worker_mirrored",
+        "--num_workers=2",
+        *ARGS,
+        "--max_restarts=2",
+        f"--task={TEST_TASKS}:FailOnWorkerOneTask",
+        f"--model_dir={tmp_path}",
+        timeout=120,
+    )
     assert result.returncode == 2, result.stdout[-3000:]
     assert "[worker 1] error: FailOnWorkerOneTask: worker 1 fails on purpose" in result.stdout
     assert "launcher: worker 1 exited with code 2; stopping the others" in result.stdout
@@ -158,11 +227,23 @@ def test_launcher_stops_the_rest_at_the_first_failure_and_never_retries_a_perman
 
 
 def test_multi_worker_run_resumes(tmp_path):
-    first = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", *ARGS, "--train_steps=3",
-                    f"--model_dir={tmp_path / 'run'}", timeout=180)
+    first = run_cli(
+        "--strategy=multi_worker_mirrored",
+        "--num_workers=2",
+        *ARGS,
+        "--train_steps=3",
+        f"--model_dir={tmp_path / 'run'}",
+        timeout=180,
+    )
     assert first.returncode == 0, first.stdout[-3000:]
-    second = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", *ARGS,
-                     f"--model_dir={tmp_path / 'run'}", "--export", timeout=180)
+    second = run_cli(
+        "--strategy=multi_worker_mirrored",
+        "--num_workers=2",
+        *ARGS,
+        f"--model_dir={tmp_path / 'run'}",
+        "--export",
+        timeout=180,
+    )
     assert second.returncode == 0, second.stdout[-3000:]
     assert "[worker 0] model_dir" in second.stdout and "(resuming at step 3)" in second.stdout
     assert second.stdout.count("(resuming at step 3)") == 2  # every worker restored
@@ -175,8 +256,15 @@ def test_two_workers_evaluate_every_streamed_example_once(tmp_path, shards):
     from helpers import id_shards
 
     dataset = id_shards(tmp_path / "data", n_train=256, n_test=1001, shards=shards)
-    launched = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", *ARGS, f"--dataset={dataset}",
-                       f"--task={TEST_TASKS}:IdCountingTask", f"--model_dir={tmp_path / 'run'}", timeout=180)
+    launched = run_cli(
+        "--strategy=multi_worker_mirrored",
+        "--num_workers=2",
+        *ARGS,
+        f"--dataset={dataset}",
+        f"--task={TEST_TASKS}:IdCountingTask",
+        f"--model_dir={tmp_path / 'run'}",
+        timeout=180,
+    )
     assert launched.returncode == 0, launched.stdout[-3000:]
     policy = "by FILE" if shards == 4 else "by DATA"
     assert f"[worker 0] input        {policy}" in launched.stdout, launched.stdout[-3000:]
@@ -199,8 +287,15 @@ def test_long_multi_worker_run_keeps_its_thread_count(tmp_path):
     # TensorFlow arms each collective that has a timeout with a thread sleeping for the whole
     # timeout: with --collective_timeout=300 as a collective option, worker 0 grew by ~20 threads a
     # step (2,000+ after 100 steps) and long runs died. The engine's collectives carry no timeout.
-    args = [*ARGS, "--train_steps=400", "--steps_per_loop=50", "--checkpoint_every=400", "--summaries=basic",
-            "--noexport", "--collective_timeout=300"]
+    args = [
+        *ARGS,
+        "--train_steps=400",
+        "--steps_per_loop=50",
+        "--checkpoint_every=400",
+        "--summaries=basic",
+        "--noexport",
+        "--collective_timeout=300",
+    ]
     processes = _start([[*args, f"--model_dir={tmp_path}"], [*args, f"--model_dir={tmp_path}"]])
     most = 0
     try:

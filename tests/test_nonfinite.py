@@ -30,22 +30,28 @@ def _latest_step(model_dir):
 # The bad step last in its loop (steps 4-6), and in the middle of one (steps 5-8: the loop stops there).
 @pytest.mark.parametrize("task, steps_per_loop", [("NanGradientTask", 3), ("NanLossTask", 3), ("NanLossTask", 4)])
 def test_stop_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, task, steps_per_loop):
-    config = small_config(tmp_path, task=f"{TEST_TASKS}:{task}", train_steps=12, steps_per_loop=steps_per_loop,
-                          checkpoint_every=steps_per_loop, **TWO_REPLICAS)
+    config = small_config(
+        tmp_path,
+        task=f"{TEST_TASKS}:{task}",
+        train_steps=12,
+        steps_per_loop=steps_per_loop,
+        checkpoint_every=steps_per_loop,
+        **TWO_REPLICAS,
+    )
     with pytest.raises(NonFiniteLoss, match=f"step {NAN_AT + 1} .*nothing saved after step {steps_per_loop}"):
         train(config, **QUIET)
     assert _latest_step(tmp_path) == steps_per_loop  # the loop with the bad step was never saved
     state = checkpoint_state(tmp_path)
     assert all(np.all(np.isfinite(value)) for value in state.values())
     # The last good checkpoint loads: the same run with a clean task resumes from it.
-    resumed = train(config.replace(task="classification", allow_config_change=True, train_steps=6),
-                    **QUIET)
+    resumed = train(config.replace(task="classification", allow_config_change=True, train_steps=6), **QUIET)
     assert resumed.start_step == steps_per_loop and resumed.final_step == 6
 
 
 # The bad step (the 6th) in the middle of a loop and last in it, with stop; with skip.
-@pytest.mark.parametrize("num_steps, mode", [pytest.param(9, "stop", marks=pytest.mark.fast), (NAN_AT + 1, "stop"),
-                                             (9, "skip")])
+@pytest.mark.parametrize(
+    "num_steps, mode", [pytest.param(9, "stop", marks=pytest.mark.fast), (NAN_AT + 1, "stop"), (9, "skip")]
+)
 def test_the_loop_counts_sums_and_steps_exactly_the_good_steps(tmp_path, num_steps, mode):
     """With stop, the loop counts, sums and leaves global_step at exactly the good steps before the
     bad one, wherever it falls in the loop; with skip, every step counts, and all but the bad one's
@@ -70,16 +76,24 @@ def test_the_loop_counts_sums_and_steps_exactly_the_good_steps(tmp_path, num_ste
     assert int(more["steps"]) == 2 and int(more["bad_steps"]) == 0 and int(state.global_step.numpy()) == counted + 2
 
 
-@pytest.mark.parametrize("task, strategy", [("NanGradientTask", TWO_REPLICAS),
-                                            ("NanLossTask", dict(strategy="default", deterministic=True)),
-                                            ("NanInputTask", dict(model="cnn_bn", **TWO_REPLICAS)),
-                                            # unrolled micro-batches each move the statistics
-                                            ("NanInputTask", dict(model="cnn_bn", grad_accum_steps=2,
-                                                                  **TWO_REPLICAS))])
+@pytest.mark.parametrize(
+    "task, strategy",
+    [
+        ("NanGradientTask", TWO_REPLICAS),
+        ("NanLossTask", dict(strategy="default", deterministic=True)),
+        ("NanInputTask", dict(model="cnn_bn", **TWO_REPLICAS)),
+        # unrolled micro-batches each move the statistics
+        ("NanInputTask", dict(model="cnn_bn", grad_accum_steps=2, **TWO_REPLICAS)),
+    ],
+)
 def test_skip_leaves_weights_and_optimizer_untouched(tmp_path, task, strategy):
     # The poisoned step is the last one, so skipping it must leave the state of a clean 5-step run.
-    skipped = train(small_config(tmp_path / "skip", task=f"{TEST_TASKS}:{task}", on_nonfinite="skip",
-                                 train_steps=NAN_AT + 1, **strategy), **QUIET)
+    skipped = train(
+        small_config(
+            tmp_path / "skip", task=f"{TEST_TASKS}:{task}", on_nonfinite="skip", train_steps=NAN_AT + 1, **strategy
+        ),
+        **QUIET,
+    )
     assert skipped.skipped_steps == 1 and skipped.final_step == NAN_AT + 1
     assert np.isfinite(skipped.eval_metrics["loss"]) and np.isfinite(skipped.train_metrics["loss"])
     train(small_config(tmp_path / "clean", train_steps=NAN_AT, **strategy), **QUIET)
@@ -92,10 +106,20 @@ def test_skip_leaves_weights_and_optimizer_untouched(tmp_path, task, strategy):
 
 
 def test_cli_stop_exits_4_with_the_step(tmp_path):
-    proc = run_cli("--dataset=synthetic", "--synthetic_train_examples=512", "--synthetic_test_examples=100",
-                   "--global_batch=64", "--steps_per_loop=2", "--seed=1", "--model=mlp", "--train_steps=8",
-                   "--checkpoint_every=2", f"--task={TEST_TASKS}:NanLossTask", f"--model_dir={tmp_path}",
-                   timeout=120)
+    proc = run_cli(
+        "--dataset=synthetic",
+        "--synthetic_train_examples=512",
+        "--synthetic_test_examples=100",
+        "--global_batch=64",
+        "--steps_per_loop=2",
+        "--seed=1",
+        "--model=mlp",
+        "--train_steps=8",
+        "--checkpoint_every=2",
+        f"--task={TEST_TASKS}:NanLossTask",
+        f"--model_dir={tmp_path}",
+        timeout=120,
+    )
     assert proc.returncode == 4, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     last = [line for line in proc.stderr.splitlines() if line.strip()][-1]

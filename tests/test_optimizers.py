@@ -71,8 +71,15 @@ def test_engine_logs_the_scheduled_rate(tmp_path):
     """learning_rate at step N in TensorBoard = rate(N), the rate of the next update; it rises
     during warm-up, then falls to 0 at the last step. A resumed run continues from its
     checkpointed optimizer.iterations (not from 0), here on 2 replicas (a MirroredVariable)."""
-    first = small_config(tmp_path, model="mlp", learning_rate=RATE, lr_schedule="warmup_cosine",
-                         warmup_steps=4, train_steps=6, steps_per_loop=2)
+    first = small_config(
+        tmp_path,
+        model="mlp",
+        learning_rate=RATE,
+        lr_schedule="warmup_cosine",
+        warmup_steps=4,
+        train_steps=6,
+        steps_per_loop=2,
+    )
     train(first, **QUIET)
     # Resumes at 6, now on 2 replicas; the schedule now ends at 12.
     train(first.replace(train_steps=12, strategy="mirrored", cpu_replicas=2), **QUIET)
@@ -86,16 +93,19 @@ def test_engine_logs_the_scheduled_rate(tmp_path):
 
 
 def _tiny_model():
-    return keras.Sequential([
-        keras.Input((4,)),
-        keras.layers.Dense(3, bias_initializer="ones"),
-        keras.layers.BatchNormalization(),
-        keras.layers.Dense(2, bias_initializer="ones", name="bias_net"),  # a kernel, despite the name
-    ])
+    return keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(3, bias_initializer="ones"),
+            keras.layers.BatchNormalization(),
+            keras.layers.Dense(2, bias_initializer="ones", name="bias_net"),  # a kernel, despite the name
+        ]
+    )
 
 
-@pytest.mark.parametrize("optimizer, schedule, step", [
-    ("adam", "constant", 0), ("sgd", "constant", 0), ("adam", "warmup_cosine", 6)])
+@pytest.mark.parametrize(
+    "optimizer, schedule, step", [("adam", "constant", 0), ("sgd", "constant", 0), ("adam", "warmup_cosine", 6)]
+)
 @pytest.mark.fast
 def test_weight_decay_shrinks_kernels_only(optimizer, schedule, step):
     """Zero gradients: Adam/SGD move nothing, so what changes is the decay alone, w *= 1 - rate * W,
@@ -103,8 +113,14 @@ def test_weight_decay_shrinks_kernels_only(optimizer, schedule, step):
     decay = 0.5
     model = _tiny_model()
     warmup = 4 if schedule == "warmup_cosine" else 0
-    opt = _optimizer(total_steps=12, variables=model.trainable_variables, optimizer=optimizer,
-                     weight_decay=decay, lr_schedule=schedule, warmup_steps=warmup)
+    opt = _optimizer(
+        total_steps=12,
+        variables=model.trainable_variables,
+        optimizer=optimizer,
+        weight_decay=decay,
+        lr_schedule=schedule,
+        warmup_steps=warmup,
+    )
     assert isinstance(opt, keras.optimizers.AdamW if optimizer == "adam" else keras.optimizers.SGD)
     rate = _rate_at(opt, step)
     assert rate > 0
@@ -123,8 +139,7 @@ def _norms(weights):
 @pytest.mark.fast
 def test_weight_decay_in_a_run_gives_smaller_kernels(tmp_path):
     def run(name, decay):
-        train(small_config(tmp_path / name, model="mlp", learning_rate=RATE, weight_decay=decay,
-                           export=True), **QUIET)
+        train(small_config(tmp_path / name, model="mlp", learning_rate=RATE, weight_decay=decay, export=True), **QUIET)
         return exported_weights(tmp_path / name)  # mlp: kernel, bias, kernel, bias
 
     plain, decayed = run("plain", 0.0), run("decayed", 2.0)
@@ -134,21 +149,34 @@ def test_weight_decay_in_a_run_gives_smaller_kernels(tmp_path):
 
 
 def test_two_replicas_match_one_with_schedule_and_decay(tmp_path):
-    settings = dict(model="mlp", optimizer="adam", learning_rate=RATE, lr_schedule="warmup_cosine",
-                    warmup_steps=2, weight_decay=0.5, export=True)
+    settings = dict(
+        model="mlp",
+        optimizer="adam",
+        learning_rate=RATE,
+        lr_schedule="warmup_cosine",
+        warmup_steps=2,
+        weight_decay=0.5,
+        export=True,
+    )
     train(small_config(tmp_path / "one", strategy="default", **settings), **QUIET)
     train(small_config(tmp_path / "two", strategy="mirrored", cpu_replicas=2, **settings), **QUIET)
     one, two = exported_weights(tmp_path / "one"), exported_weights(tmp_path / "two")
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(one, two)) < 1e-5
 
 
-@pytest.mark.parametrize("schedule, warmup, message", [
-    ("constant", 3, "--warmup_steps=3 only applies to --lr_schedule=warmup_cosine"),
-    ("cosine", 3, "--warmup_steps=3 only applies to --lr_schedule=warmup_cosine"),
-    ("warmup_cosine", 0, "--lr_schedule=warmup_cosine needs 0 < --warmup_steps < the run's 12 steps; "
-                         "got --warmup_steps=0"),
-    ("warmup_cosine", 12, "got --warmup_steps=12"),
-])
+@pytest.mark.parametrize(
+    "schedule, warmup, message",
+    [
+        ("constant", 3, "--warmup_steps=3 only applies to --lr_schedule=warmup_cosine"),
+        ("cosine", 3, "--warmup_steps=3 only applies to --lr_schedule=warmup_cosine"),
+        (
+            "warmup_cosine",
+            0,
+            "--lr_schedule=warmup_cosine needs 0 < --warmup_steps < the run's 12 steps; got --warmup_steps=0",
+        ),
+        ("warmup_cosine", 12, "got --warmup_steps=12"),
+    ],
+)
 @pytest.mark.fast
 def test_warmup_misuse_is_a_user_error(schedule, warmup, message):
     with pytest.raises(UserError, match=message.replace("+", r"\+")):

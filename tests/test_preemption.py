@@ -52,16 +52,30 @@ def test_signal_saves_at_the_loop_boundary_and_restores_handlers(tmp_path, signu
         np.testing.assert_allclose(stopped[name], straight[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-CLI = ["--dataset=synthetic", "--synthetic_train_examples=512", "--synthetic_test_examples=100",
-       "--global_batch=64", "--model=mlp", "--steps_per_loop=5", "--train_steps=2000",
-       "--eval_every=2000", "--checkpoint_every=2000", "--seed=3", "--deterministic"]
+CLI = [
+    "--dataset=synthetic",
+    "--synthetic_train_examples=512",
+    "--synthetic_test_examples=100",
+    "--global_batch=64",
+    "--model=mlp",
+    "--steps_per_loop=5",
+    "--train_steps=2000",
+    "--eval_every=2000",
+    "--checkpoint_every=2000",
+    "--seed=3",
+    "--deterministic",
+]
 
 
 def _start(model_dir):
     return subprocess.Popen(
-        [sys.executable, os.path.join(REPO, "run.py"), *CLI, f"--model_dir={model_dir}"], cwd=REPO,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        [sys.executable, os.path.join(REPO, "run.py"), *CLI, f"--model_dir={model_dir}"],
+        cwd=REPO,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _finish(proc, timeout=180):
@@ -108,11 +122,18 @@ def test_sigterm_on_run_py_exits_3_and_the_rerun_ends_like_an_uninterrupted_run(
 
 def test_sigterm_to_the_launcher_stops_every_worker_at_one_step_and_resumes(tmp_path):
     """The launcher forwards SIGTERM; both workers agree (all-reduced flag) on the step to stop at."""
-    args = [sys.executable, os.path.join(REPO, "run.py"), "--strategy=multi_worker_mirrored",
-            "--num_workers=2", "--collective_timeout=30", *CLI, "--train_steps=300", f"--model_dir={tmp_path}"]
+    args = [
+        sys.executable,
+        os.path.join(REPO, "run.py"),
+        "--strategy=multi_worker_mirrored",
+        "--num_workers=2",
+        "--collective_timeout=30",
+        *CLI,
+        "--train_steps=300",
+        f"--model_dir={tmp_path}",
+    ]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    launcher = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+    launcher = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     try:
         for line in launcher.stdout:
@@ -136,10 +157,24 @@ def test_sigterm_to_one_worker_of_a_cluster_stops_every_worker_at_one_step(tmp_p
     """A cluster manager preempts ONE pod: every worker checkpoints the same step and exits 138."""
     processes = []
     for tf_config in worker_tf_configs(2):
-        processes.append(subprocess.Popen(
-            [sys.executable, os.path.join(REPO, "run.py"), "--strategy=multi_worker_mirrored", "--collective_timeout=30",
-             *CLI, "--train_steps=300", f"--model_dir={tmp_path}"], cwd=REPO, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, env=dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3")))
+        processes.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    os.path.join(REPO, "run.py"),
+                    "--strategy=multi_worker_mirrored",
+                    "--collective_timeout=30",
+                    *CLI,
+                    "--train_steps=300",
+                    f"--model_dir={tmp_path}",
+                ],
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3"),
+            )
+        )
     outputs = []
     try:
         for line in processes[0].stdout:
@@ -152,8 +187,12 @@ def test_sigterm_to_one_worker_of_a_cluster_stops_every_worker_at_one_step(tmp_p
         for process in processes:
             process.kill()
     assert [p.returncode for p in processes] == [exit_codes.PREEMPTED.code] * 2, outputs
-    stops = {line.split(" at step ")[1].split(":")[0] for output in outputs for line in output.splitlines()
-             if "preempted: " in line and " at step " in line}
+    stops = {
+        line.split(" at step ")[1].split(":")[0]
+        for output in outputs
+        for line in output.splitlines()
+        if "preempted: " in line and " at step " in line
+    }
     assert len(stops) == 1, outputs
     assert int(checkpoint_state(tmp_path)["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == int(stops.pop())
 

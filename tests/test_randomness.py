@@ -62,13 +62,15 @@ def test_task_random_seed_differs_per_replica_and_step():
         task.random_seed()  # not set yet: the engine sets it
     task.seed = 3
     with strategy.scope():
-        task.global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        task.global_step = tf.Variable(
+            0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+        )
 
     def draws():
         def draw(salt):
-            return _per_replica(strategy, lambda: tf.random.stateless_uniform([WIDTH], seed=task.random_seed(salt)),
-                                calls=1)[0]
+            return _per_replica(
+                strategy, lambda: tf.random.stateless_uniform([WIDTH], seed=task.random_seed(salt)), calls=1
+            )[0]
 
         return [draw(0), draw(1)]
 
@@ -129,10 +131,21 @@ def test_wrapping_is_idempotent_and_reaches_nested_layers():
 
 def _trained(tmp_path, name, **overrides):
     model_dir = tmp_path / name
-    config = small_config(model_dir, model="mlp", task=f"{TEST_TASKS}:DropoutTask", strategy="mirrored",
-                          cpu_replicas=2, optimizer="sgd", learning_rate=0.1, export=True,
-                          synthetic_train_examples=256, synthetic_test_examples=64, train_steps=4,
-                          steps_per_loop=2, **overrides)
+    config = small_config(
+        model_dir,
+        model="mlp",
+        task=f"{TEST_TASKS}:DropoutTask",
+        strategy="mirrored",
+        cpu_replicas=2,
+        optimizer="sgd",
+        learning_rate=0.1,
+        export=True,
+        synthetic_train_examples=256,
+        synthetic_test_examples=64,
+        train_steps=4,
+        steps_per_loop=2,
+        **overrides,
+    )
     train(config, **QUIET)
     return exported_weights(model_dir)
 

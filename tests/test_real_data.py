@@ -23,9 +23,16 @@ def _test_accuracy(stdout: str) -> float:
 
 
 def test_two_replicas_learn_fashion_mnist(tmp_path):
-    result = run_cli("--strategy=mirrored", "--cpu_replicas=2", "--dataset=fashion_mnist",
-                     "--global_batch=256", "--train_steps=150", "--steps_per_loop=50", "--seed=1",
-                     f"--model_dir={tmp_path}")
+    result = run_cli(
+        "--strategy=mirrored",
+        "--cpu_replicas=2",
+        "--dataset=fashion_mnist",
+        "--global_batch=256",
+        "--train_steps=150",
+        "--steps_per_loop=50",
+        "--seed=1",
+        f"--model_dir={tmp_path}",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "60000 train / 10000 test" in result.stdout
     assert "global batch 256 = 2 replicas x 128" in result.stdout
@@ -34,8 +41,16 @@ def test_two_replicas_learn_fashion_mnist(tmp_path):
 
 @pytest.mark.slow
 def test_full_three_epochs_on_two_replicas(tmp_path):
-    result = run_cli("--strategy=mirrored", "--cpu_replicas=2", "--dataset=fashion_mnist",
-                     "--global_batch=256", "--epochs=3", "--seed=1", f"--model_dir={tmp_path}", timeout=900)
+    result = run_cli(
+        "--strategy=mirrored",
+        "--cpu_replicas=2",
+        "--dataset=fashion_mnist",
+        "--global_batch=256",
+        "--epochs=3",
+        "--seed=1",
+        f"--model_dir={tmp_path}",
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert _test_accuracy(result.stdout) > 0.88
 
@@ -45,7 +60,15 @@ def test_cnn_bn_reaches_092(tmp_path):
     """The batch-norm CNN's measured run: 0.9204 test accuracy after 12 epochs with a cosine
     learning rate (5:06 on 2 cores); per-epoch accuracy 0.877, 0.892, ..., 0.920, 0.920, 0.920.
     (With a constant rate it wandered by about +-0.6 % between epochs: 0.9161 after 15.)"""
-    result = run_cli("--dataset=fashion_mnist", "--model=cnn_bn", "--epochs=12", "--global_batch=128",
-                     "--lr_schedule=cosine", "--seed=1", f"--model_dir={tmp_path}", timeout=1800)
+    result = run_cli(
+        "--dataset=fashion_mnist",
+        "--model=cnn_bn",
+        "--epochs=12",
+        "--global_batch=128",
+        "--lr_schedule=cosine",
+        "--seed=1",
+        f"--model_dir={tmp_path}",
+        timeout=1800,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert _test_accuracy(result.stdout) >= 0.915

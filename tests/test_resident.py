@@ -15,16 +15,32 @@ from engine.errors import UserError
 
 pytestmark = pytest.mark.fast
 # 10 batches an epoch, 23 steps: three epochs' permutations; a Task with per-example augmentation.
-RUN = dict(synthetic_train_examples=640, global_batch=64, train_steps=23, steps_per_loop=5,
-           task=f"{TEST_TASKS}:FlipTask", deterministic=True, eval_every=-1)
+RUN = dict(
+    synthetic_train_examples=640,
+    global_batch=64,
+    train_steps=23,
+    steps_per_loop=5,
+    task=f"{TEST_TASKS}:FlipTask",
+    deterministic=True,
+    eval_every=-1,
+)
 
 
 @pytest.mark.parametrize("replicas, accumulate", [(1, 1), (2, 2)])
 def test_resident_trains_bit_for_bit_like_the_pipeline(tmp_path, replicas, accumulate):
     runs = {}
     for mode in ("distribute_dataset", "resident"):
-        train(small_config(tmp_path / mode, **RUN, input_mode=mode, strategy="mirrored", cpu_replicas=replicas,
-                           grad_accum_steps=accumulate), **QUIET)
+        train(
+            small_config(
+                tmp_path / mode,
+                **RUN,
+                input_mode=mode,
+                strategy="mirrored",
+                cpu_replicas=replicas,
+                grad_accum_steps=accumulate,
+            ),
+            **QUIET,
+        )
         runs[mode] = checkpoint_state(tmp_path / mode)
     assert sorted(runs["resident"]) == sorted(runs["distribute_dataset"])
     for name, value in runs["resident"].items():
@@ -36,8 +52,9 @@ def test_resident_resumes_exactly(tmp_path, replicas):
     """One replica gathers one step ahead and gives the last batch back, several gather inside
     the step: either way the data position counts exactly the steps trained, so a resumed run
     draws the batches a straight run does."""
-    config = small_config(tmp_path / "stopped", **RUN, input_mode="resident", strategy="mirrored",
-                          cpu_replicas=replicas)
+    config = small_config(
+        tmp_path / "stopped", **RUN, input_mode="resident", strategy="mirrored", cpu_replicas=replicas
+    )
     train(config.replace(train_steps=12), **QUIET)  # stops inside the second epoch
     _resumed_equals_straight(tmp_path, config, stopped_at=12)
 
@@ -88,8 +105,17 @@ def test_a_streamed_source_is_read_into_memory_as_the_stream_decodes_it(tmp_path
 
 def test_tfrecords_trained_from_memory_resume_exactly_and_refuse_the_streamed_order(tmp_path):
     dataset = id_shards(tmp_path / "data")
-    config = small_config(tmp_path / "stopped", dataset=dataset, model="mlp", input_mode="resident", global_batch=32,
-                          train_steps=14, steps_per_loop=3, deterministic=True, eval_every=-1)
+    config = small_config(
+        tmp_path / "stopped",
+        dataset=dataset,
+        model="mlp",
+        input_mode="resident",
+        global_batch=32,
+        train_steps=14,
+        steps_per_loop=3,
+        deterministic=True,
+        eval_every=-1,
+    )
     train(config.replace(train_steps=8), **QUIET)  # 6 batches an epoch: stops inside the second
     with pytest.raises(UserError, match=r"drawn from memory .* draws it streamed .* --input_mode"):
         train(config.replace(input_mode="auto"), **QUIET)
@@ -100,8 +126,13 @@ def test_a_streamed_source_over_the_memory_limit_is_refused_before_reading(tmp_p
     from engine.data import into_memory
 
     monkeypatch.setattr(into_memory, "MAX_IN_MEMORY_BYTES", 1000)
-    with pytest.raises(UserError, match=r"--input_mode=resident: TFRecords .* 1,201 examples, .* over the .* drop --input_mode"):
-        train(small_config(tmp_path / "run", dataset=id_shards(tmp_path / "data"), model="mlp", input_mode="resident"), **QUIET)
+    with pytest.raises(
+        UserError, match=r"--input_mode=resident: TFRecords .* 1,201 examples, .* over the .* drop --input_mode"
+    ):
+        train(
+            small_config(tmp_path / "run", dataset=id_shards(tmp_path / "data"), model="mlp", input_mode="resident"),
+            **QUIET,
+        )
 
 
 def test_auto_is_resident_unless_the_task_augments_each_example(tmp_path):

@@ -12,22 +12,44 @@ from helpers import QUIET, TEST_TASKS, explain, exported_weights, run_cli, small
 
 from engine.controller.trainer import train
 
-ARGS = ["--strategy=multi_worker_mirrored", "--num_workers=2", "--dataset=synthetic",
-        "--synthetic_train_examples=1024", "--synthetic_test_examples=300", "--global_batch=64", "--train_steps=8",
-        "--steps_per_loop=2", "--checkpoint_every=2", "--seed=7", "--model=mlp", "--collective_timeout=30"]
+ARGS = [
+    "--strategy=multi_worker_mirrored",
+    "--num_workers=2",
+    "--dataset=synthetic",
+    "--synthetic_train_examples=1024",
+    "--synthetic_test_examples=300",
+    "--global_batch=64",
+    "--train_steps=8",
+    "--steps_per_loop=2",
+    "--checkpoint_every=2",
+    "--seed=7",
+    "--model=mlp",
+    "--collective_timeout=30",
+]
 
 
 def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_undisturbed(tmp_path):
-    proc = run_cli(*ARGS, f"--task={TEST_TASKS}:KilledOnceTask", "--max_restarts=2", f"--model_dir={tmp_path / 'run'}",
-                   "--export", timeout=300)
+    proc = run_cli(
+        *ARGS,
+        f"--task={TEST_TASKS}:KilledOnceTask",
+        "--max_restarts=2",
+        f"--model_dir={tmp_path / 'run'}",
+        "--export",
+        timeout=300,
+    )
     assert proc.returncode == 0, explain(proc)
-    assert "launcher: restart 1 of 2 after exit 137 (killed by a signal, a restart may help)" in proc.stdout, \
-        explain(proc)
+    assert "launcher: restart 1 of 2 after exit 137 (killed by a signal, a restart may help)" in proc.stdout, explain(
+        proc
+    )
     assert os.path.exists(tmp_path / "run" / "killed_once")
     assert dict(tensorboard_scalars(tmp_path / "run" / "train"))["restarts"][0][1] == 1.0
     # 2 workers train like one process (tests/test_multi_worker.py): the undisturbed reference.
-    train(small_config(tmp_path / "undisturbed", model="mlp", train_steps=8, steps_per_loop=2, checkpoint_every=2,
-                       export=True), **QUIET)
+    train(
+        small_config(
+            tmp_path / "undisturbed", model="mlp", train_steps=8, steps_per_loop=2, checkpoint_every=2, export=True
+        ),
+        **QUIET,
+    )
     for a, b in zip(exported_weights(tmp_path / "run"), exported_weights(tmp_path / "undisturbed")):
         np.testing.assert_allclose(a, b, atol=1e-5)
 

@@ -40,7 +40,8 @@ def test_resume_one_replica_deterministic_is_bitwise(tmp_path):
 
 def test_resume_two_replicas_matches_within_tolerance(tmp_path):
     """With Dropout and Task.random_seed noise: the random streams continue where they stopped."""
-    stopped, straight = _stopped_and_straight(tmp_path, strategy="mirrored", cpu_replicas=2,
-                                              task=f"{TEST_TASKS}:DropoutTask")
+    stopped, straight = _stopped_and_straight(
+        tmp_path, strategy="mirrored", cpu_replicas=2, task=f"{TEST_TASKS}:DropoutTask"
+    )
     for name in stopped:
         np.testing.assert_allclose(stopped[name], straight[name], rtol=1e-5, atol=1e-6, err_msg=name)

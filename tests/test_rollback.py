@@ -15,8 +15,9 @@ from helpers import QUIET, TEST_TASKS, checkpoint_state, explain, run_cli, small
 from engine.controller.trainer import train
 from engine.errors import NonFiniteLoss, UserError
 
-ROLLBACK = dict(model="mlp", on_nonfinite="rollback", train_steps=12, steps_per_loop=2, checkpoint_every=4,
-                eval_every=-1)
+ROLLBACK = dict(
+    model="mlp", on_nonfinite="rollback", train_steps=12, steps_per_loop=2, checkpoint_every=4, eval_every=-1
+)
 # NanLossTask's loss is NaN while global_step == 5, whatever the batch: a retry fails again.
 NAN_AT_5 = dict(ROLLBACK, task=f"{TEST_TASKS}:NanLossTask")
 
@@ -96,8 +97,18 @@ def test_a_run_resumed_after_a_rollback_equals_one_that_was_not_interrupted(tmp_
 
 def test_rollback_from_the_command_line_finishes_with_exit_0(tmp_path):
     dataset = _one_bad_example(tmp_path)["dataset"]
-    proc = run_cli(f"--dataset={dataset}", "--global_batch=64", "--train_steps=12", "--steps_per_loop=2",
-                   "--checkpoint_every=4", "--seed=7", "--model=mlp", "--on_nonfinite=rollback", "--max_rollbacks=3",
-                   f"--model_dir={tmp_path / 'run'}", "--noexport")
+    proc = run_cli(
+        f"--dataset={dataset}",
+        "--global_batch=64",
+        "--train_steps=12",
+        "--steps_per_loop=2",
+        "--checkpoint_every=4",
+        "--seed=7",
+        "--model=mlp",
+        "--on_nonfinite=rollback",
+        "--max_rollbacks=3",
+        f"--model_dir={tmp_path / 'run'}",
+        "--noexport",
+    )
     assert proc.returncode == 0, explain(proc)
     assert "rollback 1 of 3" in proc.stdout, explain(proc)

@@ -38,16 +38,24 @@ assert not any(name == "engine" or name.startswith("engine.") for name in sys.mo
 
 def _serve(version_dir, inputs, tmp_path) -> dict:
     np.save(tmp_path / "inputs.npy", inputs)
-    proc = subprocess.run([sys.executable, "-c", SERVE, str(version_dir), str(tmp_path / "inputs.npy"),
-                           str(tmp_path / "outputs.npz")], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    proc = subprocess.run(
+        [sys.executable, "-c", SERVE, str(version_dir), str(tmp_path / "inputs.npy"), str(tmp_path / "outputs.npz")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return dict(np.load(tmp_path / "outputs.npz"))
 
 
 def _trained(tmp_path, **overrides):
-    result = train(small_config(tmp_path / "run", **{"model": "mlp", "export": True,
-                                                      "export_formats": "keras,saved_model", **overrides}), **QUIET)
+    result = train(
+        small_config(
+            tmp_path / "run", **{"model": "mlp", "export": True, "export_formats": "keras,saved_model", **overrides}
+        ),
+        **QUIET,
+    )
     version_dir = tmp_path / "run" / "export" / "saved_model" / str(result.final_step)
     model = keras.models.load_model(tmp_path / "run" / "export" / "model.keras")
     return version_dir, model
@@ -76,8 +84,9 @@ def test_float_features_are_served_as_the_source_holds_them(tmp_path):
 
 @pytest.mark.fast
 def test_the_signature_takes_the_raw_dtype_and_shape(tmp_path):
-    version_dir, _ = _trained(tmp_path, train_steps=2, steps_per_loop=2, synthetic_train_examples=256,
-                              synthetic_test_examples=64)
+    version_dir, _ = _trained(
+        tmp_path, train_steps=2, steps_per_loop=2, synthetic_train_examples=256, synthetic_test_examples=64
+    )
     signature = tf.saved_model.load(str(version_dir)).signatures["serving_default"]
     (inputs,) = signature.structured_input_signature[1].values()
     assert inputs.dtype == tf.uint8 and tuple(inputs.shape) == (None, 28, 28)
@@ -89,9 +98,14 @@ RAW_GREY = tf.TensorSpec((28, 28), tf.uint8)
 
 
 def _classifier(policy=None):
-    return keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
-                             keras.layers.Dense(16, activation="relu", dtype=policy),
-                             keras.layers.Dense(10, dtype=policy)])
+    return keras.Sequential(
+        [
+            keras.Input((28, 28, 1)),
+            keras.layers.Flatten(),
+            keras.layers.Dense(16, activation="relu", dtype=policy),
+            keras.layers.Dense(10, dtype=policy),
+        ]
+    )
 
 
 def _load(version_dir):
@@ -116,7 +130,9 @@ def test_a_version_appears_whole_or_not_at_all(tmp_path, monkeypatch):
     monkeypatch.undo()
     export_saved_model(model, spec, str(directory), 5)  # the same version again: replaced whole
     assert os.listdir(directory) == ["5"] and set(_load(directory / "5").structured_outputs) == {
-        "probabilities", "classes"}
+        "probabilities",
+        "classes",
+    }
 
 
 @pytest.mark.fast
@@ -144,8 +160,9 @@ def test_a_mixed_precision_model_serves_float32(tmp_path):
 
 @pytest.mark.fast
 def test_a_model_on_its_own_input_is_served_without_the_data_normalisation(tmp_path):
-    generator = keras.Sequential([keras.Input((32,)), keras.layers.Dense(28 * 28, activation="sigmoid"),
-                                  keras.layers.Reshape((28, 28, 1))])  # a GAN's export_model()
+    generator = keras.Sequential(
+        [keras.Input((32,)), keras.layers.Dense(28 * 28, activation="sigmoid"), keras.layers.Reshape((28, 28, 1))]
+    )  # a GAN's export_model()
     spec = DataSpec.classification((28, 28, 1), 10, raw_features=RAW_GREY)
     signature = _load(export_saved_model(generator, spec, str(tmp_path), 1))
     (inputs,) = signature.structured_input_signature[1].values()
@@ -169,8 +186,9 @@ def _serves_like_the_pipeline(source, tmp_path, raw):
     """The export of a model on `source`, fed the raw examples, predicts what the model predicts on
     the source's own decoded examples."""
     spec = source.spec
-    model = keras.Sequential([keras.Input(spec.input_shape), keras.layers.Flatten(),
-                              keras.layers.Dense(spec.num_classes)])
+    model = keras.Sequential(
+        [keras.Input(spec.input_shape), keras.layers.Flatten(), keras.layers.Dense(spec.num_classes)]
+    )
     served = _load(export_saved_model(model, spec, str(tmp_path / "export"), 1))(inputs=tf.constant(raw))
     decoded, _ = next(source.test_batches(len(raw)))
     expected = tf.nn.softmax(model(decoded)).numpy()
@@ -222,8 +240,9 @@ def test_tfds_sources_are_served_as_their_features_decode(tmp_path):
         VERSION = tfds.core.Version("1.0.0")
 
         def _info(self):
-            features = tfds.features.FeaturesDict({"image": tfds.features.Image(shape=(8, 8, 1)),
-                                                   "label": tfds.features.ClassLabel(num_classes=2)})
+            features = tfds.features.FeaturesDict(
+                {"image": tfds.features.Image(shape=(8, 8, 1)), "label": tfds.features.ClassLabel(num_classes=2)}
+            )
             return tfds.core.DatasetInfo(builder=self, features=features, supervised_keys=("image", "label"))
 
         def _split_generators(self, dl_manager):

@@ -18,7 +18,6 @@ from engine.errors import UserError
 from engine.task import Task
 
 
-
 def write_npz(path, x_train, y_train, x_test, y_test):
     np.savez(path, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
     return str(path)
@@ -28,17 +27,26 @@ def write_npz(path, x_train, y_train, x_test, y_test):
 @pytest.mark.fast
 def test_npz_any_shape_and_dtype(tmp_path):
     rng = np.random.default_rng(0)
-    colour = write_npz(tmp_path / "c.npz", rng.integers(0, 256, (20, 8, 8, 3), dtype=np.uint8),
-                       rng.integers(0, 5, 20), rng.integers(0, 256, (7, 8, 8, 3), dtype=np.uint8),
-                       rng.integers(0, 5, 7))
+    colour = write_npz(
+        tmp_path / "c.npz",
+        rng.integers(0, 256, (20, 8, 8, 3), dtype=np.uint8),
+        rng.integers(0, 5, 20),
+        rng.integers(0, 256, (7, 8, 8, 3), dtype=np.uint8),
+        rng.integers(0, 5, 7),
+    )
     source = sources.load(Config(dataset=f"npz:{colour}"))
     assert source.spec.input_shape == (8, 8, 3) and source.spec.features.dtype == tf.float32
     assert source.spec.num_classes == 5 and source.spec.is_image
     x, _ = next(iter(source.eval_dataset(4)))
     assert float(tf.reduce_max(x)) <= 1.0  # images normalised to [0, 1]
 
-    tokens = write_npz(tmp_path / "t.npz", rng.integers(0, 300, (20, 16), dtype=np.int64),
-                       rng.integers(0, 2, 20), rng.integers(0, 300, (5, 16), dtype=np.int64), rng.integers(0, 2, 5))
+    tokens = write_npz(
+        tmp_path / "t.npz",
+        rng.integers(0, 300, (20, 16), dtype=np.int64),
+        rng.integers(0, 2, 20),
+        rng.integers(0, 300, (5, 16), dtype=np.int64),
+        rng.integers(0, 2, 5),
+    )
     source = sources.load(Config(dataset=f"npz:{tokens}"))
     assert source.spec.features.dtype == tf.int32 and source.spec.input_shape == (16,)
     assert not source.spec.is_image
@@ -50,12 +58,20 @@ def test_npz_any_shape_and_dtype(tmp_path):
 
 @pytest.mark.fast
 def test_synthetic_shape_and_classes():
-    source = sources.load(Config(dataset="synthetic", synthetic_shape="32,32,3", num_classes=4,
-                                 synthetic_train_examples=64, synthetic_test_examples=8))
+    source = sources.load(
+        Config(
+            dataset="synthetic",
+            synthetic_shape="32,32,3",
+            num_classes=4,
+            synthetic_train_examples=64,
+            synthetic_test_examples=8,
+        )
+    )
     assert source.spec.input_shape == (32, 32, 3) and source.spec.num_classes == 4
     assert source.y_train.max() < 4
-    vectors = sources.load(Config(dataset="synthetic", synthetic_shape="64", synthetic_train_examples=64,
-                                  synthetic_test_examples=8))
+    vectors = sources.load(
+        Config(dataset="synthetic", synthetic_shape="64", synthetic_train_examples=64, synthetic_test_examples=8)
+    )
     assert vectors.spec.input_shape == (64,)
 
 
@@ -139,8 +155,13 @@ def dataset_of_kind(tmp_path, kind) -> str:
 def _stopped_and_straight(tmp_path, kind, **overrides):
     """A run stopped at step 7 and resumed to 16 (with `overrides`), and one straight to 16 on one
     replica: their final checkpoints."""
-    config = small_config(tmp_path / "stopped", dataset=dataset_of_kind(tmp_path, kind), train_steps=16,
-                          shuffle_buffer=100, deterministic=True)
+    config = small_config(
+        tmp_path / "stopped",
+        dataset=dataset_of_kind(tmp_path, kind),
+        train_steps=16,
+        shuffle_buffer=100,
+        deterministic=True,
+    )
     train(config.replace(train_steps=7, **overrides), **QUIET)
     assert train(config.replace(**overrides), **QUIET).start_step == 7
     train(config.replace(model_dir=str(tmp_path / "straight"), strategy="default"), **QUIET)
@@ -222,20 +243,32 @@ def test_tfrecord_serialized_tensor_of_another_shape_is_named(tmp_path):
 
 # ---- bad input: one clear error each ----
 def _bad_npz(tmp_path):
-    return "npz:" + write_npz(tmp_path / "b.npz", np.zeros((4, 3)), np.zeros(4, np.int64),
-                              np.zeros((2, 5)), np.zeros(2, np.int64))
+    return "npz:" + write_npz(
+        tmp_path / "b.npz", np.zeros((4, 3)), np.zeros(4, np.int64), np.zeros((2, 5)), np.zeros(2, np.int64)
+    )
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: "tfrecord:" + str(p / "nothing-*.tfrecord"), "matches no file"),
-    (lambda p: "npz:" + str(p / "missing.npz"), "no such file"),
-    (lambda p: "npz:" + write_npz(p / "k.npz", np.zeros((4, 3)), np.zeros(4), np.zeros((2, 3)), np.zeros(2)), None),
-    (_bad_npz, r"test features are \(5,\), train features \(3,\)"),
-    (lambda p: "npz:" + write_npz(p / "l.npz", np.zeros((4, 3)), np.array([0, 1, 2, 12]),
-                                  np.zeros((2, 3)), np.zeros(2, np.int64)), r"labels range over \[0, 12\]"),
-    (lambda p: "parquet:x", "expected one of"),
-    (lambda p: "imagenet", "unknown --dataset"),
-], ids=["glob", "npz_missing", "npz_ok", "shapes", "labels", "kind", "name"])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: "tfrecord:" + str(p / "nothing-*.tfrecord"), "matches no file"),
+        (lambda p: "npz:" + str(p / "missing.npz"), "no such file"),
+        (lambda p: "npz:" + write_npz(p / "k.npz", np.zeros((4, 3)), np.zeros(4), np.zeros((2, 3)), np.zeros(2)), None),
+        (_bad_npz, r"test features are \(5,\), train features \(3,\)"),
+        (
+            lambda p: (
+                "npz:"
+                + write_npz(
+                    p / "l.npz", np.zeros((4, 3)), np.array([0, 1, 2, 12]), np.zeros((2, 3)), np.zeros(2, np.int64)
+                )
+            ),
+            r"labels range over \[0, 12\]",
+        ),
+        (lambda p: "parquet:x", "expected one of"),
+        (lambda p: "imagenet", "unknown --dataset"),
+    ],
+    ids=["glob", "npz_missing", "npz_ok", "shapes", "labels", "kind", "name"],
+)
 @pytest.mark.fast
 def test_bad_sources_are_one_line_errors(tmp_path, make, message):
     dataset = make(tmp_path)
@@ -265,9 +298,19 @@ def test_npz_missing_key_and_corrupt_record_name_the_file(tmp_path):
 @pytest.mark.parametrize("replicas", [1, 2])
 @pytest.mark.fast
 def test_task_brings_its_own_datasets(tmp_path, replicas):
-    result = train(small_config(tmp_path, task=f"{TEST_TASKS}:OwnDataTask", model="mlp", train_steps=30,
-                                steps_per_loop=10, strategy="mirrored", cpu_replicas=replicas,
-                                learning_rate=0.01), **QUIET)
+    result = train(
+        small_config(
+            tmp_path,
+            task=f"{TEST_TASKS}:OwnDataTask",
+            model="mlp",
+            train_steps=30,
+            steps_per_loop=10,
+            strategy="mirrored",
+            cpu_replicas=replicas,
+            learning_rate=0.01,
+        ),
+        **QUIET,
+    )
     assert result.final_step == 30
     assert result.eval_metrics["accuracy"] > 0.6  # 4 classes by sign pattern: learnable, far above 0.25
 
@@ -286,12 +329,20 @@ def test_cache_is_refused_where_it_would_do_nothing(tmp_path):
     tfrecord.write_shards(str(tmp_path), "train", x, y, 2)
     streamed = f"tfrecord:{tmp_path}/train-*"
     assert sources.load(Config(dataset=streamed, cache=True)).cache  # a stream: kept, and used
-    refusals = [(Config(dataset="synthetic", cache=True),
-                 r"^--cache applies to streamed sources \(tfrecord:, images:, tfds:\) only, not --dataset=synthetic"),
-                (Config(dataset="npz:" + str(tmp_path / "missing.npz"), cache=True),  # refused before reading
-                 r"--cache applies to streamed sources .* not --dataset=npz:"),
-                (Config(dataset=streamed, cache=True, input_mode="resident"),
-                 r"--cache with --input_mode=resident: --dataset=tfrecord:.* read into memory once")]
+    refusals = [
+        (
+            Config(dataset="synthetic", cache=True),
+            r"^--cache applies to streamed sources \(tfrecord:, images:, tfds:\) only, not --dataset=synthetic",
+        ),
+        (
+            Config(dataset="npz:" + str(tmp_path / "missing.npz"), cache=True),  # refused before reading
+            r"--cache applies to streamed sources .* not --dataset=npz:",
+        ),
+        (
+            Config(dataset=streamed, cache=True, input_mode="resident"),
+            r"--cache with --input_mode=resident: --dataset=tfrecord:.* read into memory once",
+        ),
+    ]
     for config, message in refusals:
         with pytest.raises(UserError, match=message) as error:
             sources.load(config)

@@ -15,8 +15,16 @@ from helpers import REPO, TEST_TASKS, explain, finish_all, run_cli
 from engine import exit_codes
 from engine.distribute.launch import worker_tf_configs
 
-ARGS = ["--dataset=synthetic", "--synthetic_train_examples=1024", "--synthetic_test_examples=300",
-        "--global_batch=64", "--train_steps=16", "--steps_per_loop=2", "--seed=7", "--model=mlp"]
+ARGS = [
+    "--dataset=synthetic",
+    "--synthetic_train_examples=1024",
+    "--synthetic_test_examples=300",
+    "--global_batch=64",
+    "--train_steps=16",
+    "--steps_per_loop=2",
+    "--seed=7",
+    "--model=mlp",
+]
 
 
 def _stack_dumps(model_dir) -> list:
@@ -25,8 +33,14 @@ def _stack_dumps(model_dir) -> list:
 
 def test_a_blocked_input_pipeline_ends_the_run_as_stalled(tmp_path):
     started = time.monotonic()
-    proc = run_cli(*ARGS, f"--task={TEST_TASKS}:BlockingInputTask", "--stall_timeout=4", f"--model_dir={tmp_path}",
-                   "--noexport", timeout=120)
+    proc = run_cli(
+        *ARGS,
+        f"--task={TEST_TASKS}:BlockingInputTask",
+        "--stall_timeout=4",
+        f"--model_dir={tmp_path}",
+        "--noexport",
+        timeout=120,
+    )
     assert proc.returncode == exit_codes.STALLED.code, explain(proc)
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: stalled: no training step completed for 4 s") and "waits for its input" in last
@@ -40,10 +54,26 @@ def _workers(tmp_path, task, extra=()):
     processes = []
     for tf_config in worker_tf_configs(2):
         env = dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3")
-        processes.append(subprocess.Popen(
-            [sys.executable, os.path.join(REPO, "run.py"), "--strategy=multi_worker_mirrored", *ARGS,
-             f"--task={TEST_TASKS}:{task}", "--collective_timeout=30", f"--model_dir={tmp_path}", "--noexport", *extra],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        processes.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    os.path.join(REPO, "run.py"),
+                    "--strategy=multi_worker_mirrored",
+                    *ARGS,
+                    f"--task={TEST_TASKS}:{task}",
+                    "--collective_timeout=30",
+                    f"--model_dir={tmp_path}",
+                    "--noexport",
+                    *extra,
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     return processes
 
 
@@ -75,4 +105,6 @@ def test_a_frozen_worker_is_named(tmp_path):
             process.send_signal(signal.SIGCONT)
             process.kill()
     assert processes[0].returncode >= 128, output[-3000:]
-    assert "worker 1" in output.strip().splitlines()[-1] or "worker:1" in output.strip().splitlines()[-1], output[-3000:]
+    assert "worker 1" in output.strip().splitlines()[-1] or "worker:1" in output.strip().splitlines()[-1], output[
+        -3000:
+    ]

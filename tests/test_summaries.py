@@ -5,15 +5,12 @@ from __future__ import annotations
 import os
 import re
 
-import numpy as np
 import pytest
 import tensorflow as tf
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 
 from helpers import QUIET, small_config, tensorboard_run
 from engine import __version__
-from engine.errors import UserError
-from engine.observe.monitor import parse_profile_steps
 from engine.observe.summaries import create_writers
 from engine.controller.trainer import train
 
@@ -38,11 +35,12 @@ def _text(accumulator, tag):
 
 @pytest.mark.fast
 def test_train_and_eval_scalars_at_global_steps(tmp_path):
-    train(small_config(tmp_path, strategy="mirrored", cpu_replicas=2, train_steps=7, steps_per_loop=3,
-                       eval_every=4), **QUIET)
+    train(
+        small_config(tmp_path, strategy="mirrored", cpu_replicas=2, train_steps=7, steps_per_loop=3, eval_every=4),
+        **QUIET,
+    )
     train_tags = _scalars(tmp_path / "train")
-    for tag in ("loss", "accuracy", "grad_norm", "learning_rate", "steps_per_sec", "examples_per_sec",
-                "loop_seconds"):
+    for tag in ("loss", "accuracy", "grad_norm", "learning_rate", "steps_per_sec", "examples_per_sec", "loop_seconds"):
         assert train_tags[tag] == [3, 4, 7], tag  # loops end at 3, 4 (eval point), 7 (end)
     assert "config" in train_tags
     eval_tags = _scalars(tmp_path / "eval")
@@ -87,15 +85,28 @@ def test_grad_norm_is_the_global_norm_of_the_summed_gradients(tmp_path):
     global norm on 2 replicas. The logged norm is taken after the all-reduce, so 1 and 2 replicas
     agree, and it equals the norm of the gradient of the whole batch's loss."""
     one = train(small_config(tmp_path / "one", train_steps=1, steps_per_loop=1), **QUIET)
-    two = train(small_config(tmp_path / "two", strategy="mirrored", cpu_replicas=2, train_steps=1,
-                             steps_per_loop=1), **QUIET)
+    two = train(
+        small_config(tmp_path / "two", strategy="mirrored", cpu_replicas=2, train_steps=1, steps_per_loop=1), **QUIET
+    )
     assert one.train_metrics["grad_norm"] > 0
     assert two.train_metrics["grad_norm"] == pytest.approx(one.train_metrics["grad_norm"], rel=1e-4)
 
 
 def test_everything_a_researcher_watches(tmp_path):
-    train(small_config(tmp_path, strategy="mirrored", cpu_replicas=2, train_steps=8, steps_per_loop=3,
-                                eval_every=4, histogram_every=4, trace_graph=True, profile_steps="2,6"), **QUIET)
+    train(
+        small_config(
+            tmp_path,
+            strategy="mirrored",
+            cpu_replicas=2,
+            train_steps=8,
+            steps_per_loop=3,
+            eval_every=4,
+            histogram_every=4,
+            trace_graph=True,
+            profile_steps="2,6",
+        ),
+        **QUIET,
+    )
     train_run, eval_run = tensorboard_run(tmp_path / "train"), tensorboard_run(tmp_path / "eval")
     train_tags, eval_tags = _scalars(tmp_path / "train"), _scalars(tmp_path / "eval")
     # Loops end at 2 (profile start), 4 (eval, histograms), 6 (profile end), 8.
@@ -123,10 +134,12 @@ def test_everything_a_researcher_watches(tmp_path):
     # HParams: one session in the eval run, holding the flags, referencing the eval metrics.
     assert _plugin(eval_run, hparams_metadata.SESSION_START_INFO_TAG) == hparams_metadata.PLUGIN_NAME
     start = hparams_metadata.parse_session_start_info_plugin_data(
-        eval_run.SummaryMetadata(hparams_metadata.SESSION_START_INFO_TAG).plugin_data.content)
+        eval_run.SummaryMetadata(hparams_metadata.SESSION_START_INFO_TAG).plugin_data.content
+    )
     assert start.hparams["global_batch"].number_value == 64 and start.hparams["summaries"].string_value == "full"
     experiment = hparams_metadata.parse_experiment_plugin_data(
-        eval_run.SummaryMetadata(hparams_metadata.EXPERIMENT_TAG).plugin_data.content)
+        eval_run.SummaryMetadata(hparams_metadata.EXPERIMENT_TAG).plugin_data.content
+    )
     assert sorted(m.name.tag for m in experiment.metric_infos) == ["accuracy", "loss"]
 
 
@@ -134,7 +147,17 @@ def test_everything_a_researcher_watches(tmp_path):
 def test_basic_summaries_write_no_extras(tmp_path):
     train(small_config(tmp_path, summaries="basic"), **QUIET)
     train_tags, eval_tags = _scalars(tmp_path / "train"), _scalars(tmp_path / "eval")
-    assert sorted(train_tags) == sorted(["config", "engine_version", "loss", "accuracy", "learning_rate",
-                                         "steps_per_sec", "examples_per_sec", "loop_seconds"])
+    assert sorted(train_tags) == sorted(
+        [
+            "config",
+            "engine_version",
+            "loss",
+            "accuracy",
+            "learning_rate",
+            "steps_per_sec",
+            "examples_per_sec",
+            "loop_seconds",
+        ]
+    )
     assert sorted(eval_tags) == ["accuracy", "loss"]
     assert not os.path.exists(tmp_path / "train" / "plugins")

@@ -68,15 +68,16 @@ def test_a_resumed_two_optimizer_run_equals_an_uninterrupted_one(tmp_path):
 def test_two_replicas_train_both_models_like_one(tmp_path):
     train(_config(tmp_path, "two", **TWO), **QUIET)
     train(_config(tmp_path, "one", strategy="default"), **QUIET)
-    assert _max_difference(checkpoint_state(tmp_path / "two", STATE),
-                           checkpoint_state(tmp_path / "one", STATE)) <= 1e-5
+    assert _max_difference(checkpoint_state(tmp_path / "two", STATE), checkpoint_state(tmp_path / "one", STATE)) <= 1e-5
 
 
 def test_accumulated_micro_batches_train_both_models_like_the_whole_batch(tmp_path):
     train(_config(tmp_path, "accum", grad_accum_steps=2, **TWO), **QUIET)
     train(_config(tmp_path, "whole", **TWO), **QUIET)
-    assert _max_difference(checkpoint_state(tmp_path / "accum", STATE),
-                           checkpoint_state(tmp_path / "whole", STATE)) <= 1e-5
+    assert (
+        _max_difference(checkpoint_state(tmp_path / "accum", STATE), checkpoint_state(tmp_path / "whole", STATE))
+        <= 1e-5
+    )
 
 
 @pytest.mark.fast
@@ -89,8 +90,19 @@ def test_when_steps_an_optimizer_only_where_it_is_true(tmp_path):
 @pytest.mark.fast
 def test_a_non_finite_gradient_of_one_optimizer_skips_the_whole_update(tmp_path):
     """The probe's gradients are NaN on one replica at the 4th step: neither model nor optimizer moves."""
-    result = train(_config(tmp_path, task=f"{TEST_TASKS}:PoisonedProbeTask", on_nonfinite="skip", train_steps=4,
-                           steps_per_loop=1, checkpoint_every=1, keep_checkpoints=5, **TWO), **QUIET)
+    result = train(
+        _config(
+            tmp_path,
+            task=f"{TEST_TASKS}:PoisonedProbeTask",
+            on_nonfinite="skip",
+            train_steps=4,
+            steps_per_loop=1,
+            checkpoint_every=1,
+            keep_checkpoints=5,
+            **TWO,
+        ),
+        **QUIET,
+    )
     assert result.skipped_steps == 1
     directory = os.path.join(tmp_path, "run", "checkpoints")
     before, after = (tf.train.load_checkpoint(os.path.join(directory, f"ckpt-{n}")) for n in (3, 4))
@@ -136,19 +148,32 @@ def test_a_checkpoint_lacking_a_model_of_the_task_is_refused(tmp_path):
 def test_a_checkpoint_holding_a_model_the_task_lacks_is_refused_in_one_line(tmp_path):
     model_dir = str(tmp_path / "run")
     train(_config(tmp_path), **QUIET)
-    proc = run_cli(f"--model_dir={model_dir}", "--dataset=synthetic", "--synthetic_train_examples=1024",
-                   "--synthetic_test_examples=300", "--global_batch=64", "--train_steps=12", "--steps_per_loop=3",
-                   "--seed=7", "--model=mlp", "--noexport", "--allow_config_change")
+    proc = run_cli(
+        f"--model_dir={model_dir}",
+        "--dataset=synthetic",
+        "--synthetic_train_examples=1024",
+        "--synthetic_test_examples=300",
+        "--global_batch=64",
+        "--train_steps=12",
+        "--steps_per_loop=3",
+        "--seed=7",
+        "--model=mlp",
+        "--noexport",
+        "--allow_config_change",
+    )
     assert proc.returncode == 2, explain(proc)
     lines = proc.stderr.strip().splitlines()
     assert "holds self.probe" in lines[-1] and "Traceback" not in proc.stderr, explain(proc)
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("task, message", [
-    ("UnbuiltOptimizerTask", r"self\.probe_optimizer is not built"),
-    ("ForeignOptimizerTask", r"an optimizer the Task does not hold"),
-])
+@pytest.mark.parametrize(
+    "task, message",
+    [
+        ("UnbuiltOptimizerTask", r"self\.probe_optimizer is not built"),
+        ("ForeignOptimizerTask", r"an optimizer the Task does not hold"),
+    ],
+)
 def test_an_optimizer_the_engine_cannot_guard_is_refused(tmp_path, task, message):
     with pytest.raises(UserError, match=message):
         train(_config(tmp_path, task=f"{TEST_TASKS}:{task}"), **QUIET)
@@ -183,9 +208,14 @@ COLLECTIVE = f"{TEST_TASKS}:CollectiveStepTask"
 def test_step_collectives_and_example_noise_are_the_same_whatever_the_replicas(tmp_path):
     """Task.global_norm equals the engine's grad_norm; per-example noise does not depend on the replica
     count or on --grad_accum_steps (whose micro-batches then run unrolled: the norm is a collective)."""
-    runs = {name: train(small_config(tmp_path / name, task=COLLECTIVE, model="mlp", **overrides), **QUIET)
-            for name, overrides in (("one", dict(strategy="default")), ("two", TWO),
-                                    ("accum", dict(grad_accum_steps=2, **TWO)))}
+    runs = {
+        name: train(small_config(tmp_path / name, task=COLLECTIVE, model="mlp", **overrides), **QUIET)
+        for name, overrides in (
+            ("one", dict(strategy="default")),
+            ("two", TWO),
+            ("accum", dict(grad_accum_steps=2, **TWO)),
+        )
+    }
     one, two, accum = (runs[n].train_metrics for n in ("one", "two", "accum"))
     assert two["norm"] == pytest.approx(two["grad_norm"], rel=1e-5)
     assert two["norm"] == pytest.approx(one["norm"], rel=1e-4)

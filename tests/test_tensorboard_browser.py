@@ -19,15 +19,27 @@ from engine.data.builtin import DEBIAN_FASHION_MNIST_DIR
 
 pytestmark = pytest.mark.skipif(
     not os.path.isdir(DEBIAN_FASHION_MNIST_DIR) or shutil.which("chromium") is None,
-    reason="Debian packages missing (apt-get install dataset-fashion-mnist chromium; .ci/run does)")
+    reason="Debian packages missing (apt-get install dataset-fashion-mnist chromium; .ci/run does)",
+)
 
 
 def test_the_dashboards_show_the_runs_pictures_curves_layout_and_text(tmp_path):
     logdir = tmp_path / "runs"
-    train(small_config(logdir / "fashion", dataset="fashion_mnist", train_steps=4, steps_per_loop=2,
-                       eval_every=2), **QUIET)
-    train(small_config(logdir / "gan", task=os.path.join(REPO, "examples", "gan.py:GanTask"), model="mlp",
-                       global_batch=32, train_steps=2, steps_per_loop=2), **QUIET)
+    train(
+        small_config(logdir / "fashion", dataset="fashion_mnist", train_steps=4, steps_per_loop=2, eval_every=2),
+        **QUIET,
+    )
+    train(
+        small_config(
+            logdir / "gan",
+            task=os.path.join(REPO, "examples", "gan.py:GanTask"),
+            model="mlp",
+            global_batch=32,
+            train_steps=2,
+            steps_per_loop=2,
+        ),
+        **QUIET,
+    )
     screenshots = screenshots_script()
     needles = {
         "images": ["confusion_matrix", "misclassified", "<img"],

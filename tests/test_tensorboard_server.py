@@ -15,8 +15,11 @@ STARTUP_SECONDS = 60
 
 
 def _get(base, path, body=None):
-    request = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json", "X-XSRF-Protected": "1"})
+    request = urllib.request.Request(
+        base + path,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "X-XSRF-Protected": "1"},
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         data = response.read()
     return data if path.startswith("/data/plugin/images/individualImage") else json.loads(data)
@@ -43,12 +46,22 @@ def test_tensorboard_server_shows_scalars_images_and_hparams(tmp_path):
     train(small_config(logdir, train_steps=6, steps_per_loop=3, eval_every=3), **QUIET)
     server, base = screenshots_script().start_tensorboard(str(logdir))
     try:
-        scalar_tags = _wait_for(base, "/data/plugin/scalars/tags",
-                                lambda tags: "grad_norm" in tags.get("train", {}) and "loss" in tags.get("eval", {}),
-                                server)
+        scalar_tags = _wait_for(
+            base,
+            "/data/plugin/scalars/tags",
+            lambda tags: "grad_norm" in tags.get("train", {}) and "loss" in tags.get("eval", {}),
+            server,
+        )
         assert {"train", "eval"} <= set(_get(base, "/data/runs"))
-        assert {"loss", "accuracy", "grad_norm", "learning_rate", "steps_per_sec", "examples_per_sec",
-                "loop_seconds"} <= set(scalar_tags["train"])
+        assert {
+            "loss",
+            "accuracy",
+            "grad_norm",
+            "learning_rate",
+            "steps_per_sec",
+            "examples_per_sec",
+            "loop_seconds",
+        } <= set(scalar_tags["train"])
         assert {"loss", "accuracy"} <= set(scalar_tags["eval"])
 
         image_tags = _get(base, "/data/plugin/images/tags")
@@ -62,10 +75,17 @@ def test_tensorboard_server_shows_scalars_images_and_hparams(tmp_path):
         experiment = _get(base, "/data/plugin/hparams/experiment", body={"experimentName": ""})
         assert {"global_batch", "optimizer", "engine_version"} <= {h["name"] for h in experiment["hparamInfos"]}
         assert {m["name"]["tag"] for m in experiment["metricInfos"]} == {"loss", "accuracy"}
-        groups = _get(base, "/data/plugin/hparams/session_groups", body={
-            "experimentName": "", "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE",
-                                                      "STATUS_RUNNING"],
-            "colParams": [], "startIndex": 0, "sliceSize": 10})
+        groups = _get(
+            base,
+            "/data/plugin/hparams/session_groups",
+            body={
+                "experimentName": "",
+                "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
+                "colParams": [],
+                "startIndex": 0,
+                "sliceSize": 10,
+            },
+        )
         assert groups["totalSize"] == 1
         session = groups["sessionGroups"][0]
         assert session["hparams"]["global_batch"] == 64

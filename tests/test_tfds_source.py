@@ -48,13 +48,18 @@ def builder_classes():
             def _info(self):
                 return tfds.core.DatasetInfo(
                     builder=self,
-                    features=tfds.features.FeaturesDict({
-                        "image": tfds.features.Image(shape=(8, 8, self._channels())),
-                        "label": tfds.features.ClassLabel(names=NAMES),
-                        "id": tf.int64,
-                        "caption": tfds.features.Text()}),
+                    features=tfds.features.FeaturesDict(
+                        {
+                            "image": tfds.features.Image(shape=(8, 8, self._channels())),
+                            "label": tfds.features.ClassLabel(names=NAMES),
+                            "id": tf.int64,
+                            "caption": tfds.features.Text(),
+                        }
+                    ),
                     supervised_keys={"unsupervised": None, "text": ("caption", "label")}.get(
-                        self.builder_config.name, ("image", "label")))
+                        self.builder_config.name, ("image", "label")
+                    ),
+                )
 
             def _split_generators(self, dl_manager):
                 splits = ("train", "validation") if self.builder_config.name == "grey" else tuple(SPLITS)
@@ -135,9 +140,17 @@ def test_tfds_eval_covers_every_example_once(data_dir, replicas):
 
 @pytest.mark.fast
 def test_tfds_trains_end_to_end(data_dir, tmp_path):
-    config = small_config(tmp_path / "run", dataset="tfds:tiny_shapes", data_dir=data_dir, global_batch=8,
-                          train_steps=6, steps_per_loop=3, strategy="mirrored", cpu_replicas=2,
-                          shuffle_buffer=16)
+    config = small_config(
+        tmp_path / "run",
+        dataset="tfds:tiny_shapes",
+        data_dir=data_dir,
+        global_batch=8,
+        train_steps=6,
+        steps_per_loop=3,
+        strategy="mirrored",
+        cpu_replicas=2,
+        shuffle_buffer=16,
+    )
     result = train(config, **QUIET)
     assert result.final_step == 6 and np.isfinite(result.eval_metrics["loss"])
     assert 0.0 <= result.eval_metrics["accuracy"] <= 1.0
@@ -147,9 +160,18 @@ def test_tfds_cli_run_needs_only_the_prepared_directory(data_dir, tmp_path):
     """A fresh process that never saw the builder class trains from the copied directory."""
     copy = str(tmp_path / "copied")
     shutil.copytree(os.path.join(data_dir, "tiny_shapes"), os.path.join(copy, "tiny_shapes"))
-    proc = run_cli("--dataset=tfds:tiny_shapes:grey", f"--data_dir={copy}", "--global_batch=8",
-                   "--train_steps=4", "--steps_per_loop=2", "--model=mlp", "--seed=1", "--noexport",
-                   f"--model_dir={tmp_path / 'run'}", timeout=300)
+    proc = run_cli(
+        "--dataset=tfds:tiny_shapes:grey",
+        f"--data_dir={copy}",
+        "--global_batch=8",
+        "--train_steps=4",
+        "--steps_per_loop=2",
+        "--model=mlp",
+        "--seed=1",
+        "--noexport",
+        f"--model_dir={tmp_path / 'run'}",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "tiny_shapes/grey/1.0.0" in proc.stdout + proc.stderr
 
@@ -172,33 +194,69 @@ def _missing_shard_dir(data_dir, tmp_path):
     return str(tmp_path)
 
 
-@pytest.mark.parametrize("dataset, directory, message", [
-    ("tfds:mnist", "empty", r"mnist is not prepared in .*mnist/3\.0\.1; run `python -c \"import "
-     r"tensorflow_datasets as tfds; tfds\.builder\('mnist', data_dir='.*'\)\.download_and_prepare\(\)\"` on a "
-     r"machine with internet, then copy"),
-    ("tfds:no_such_data_set", "data", r"unknown TFDS data set 'no_such_data_set': not in the TFDS catalogue "
-     r"and not prepared under .* \(which holds: tiny_registered/colour/1\.0\.0, tiny_shapes/colour/1\.0\.0, "
-     r"tiny_shapes/grey/1\.0\.0, tiny_shapes/text/1\.0\.0, tiny_shapes/unsupervised/1\.0\.0\)"),
-    ("tfds:tiny_shapes:nope", "data", r"tiny_shapes/nope is not prepared under .*config='nope'"),
-    ("tfds:mnist:nope", "empty", r"mnist/nope .*it has no config 'nope'"),
-    ("tfds:tiny_shapes:unsupervised", "data",
-     r"no supervised_keys .*features are \['caption', 'id', 'image', 'label'\]"),
-    ("tfds:tiny_shapes:text", "data", r"supervised key 'caption' is Text \(string\); the engine trains on numbers"),
-    ("tfds:tiny_shapes", "array_record", r"prepared as array_record files; the engine streams TFRecord"),
-    ("tfds:tiny_shapes", "config_dir_only", r"name the config of tiny_shapes prepared under .*: "
-     r"tfds:tiny_shapes:colour$"),
-    ("tfds:tiny_shapes:colour", "missing_shard", r"the test split's shard .*tiny_shapes-test\.tfrecord-00000-of-00001 "
-     r"is missing"),
-    ("tfds:tiny_shapes:colour --num_classes=5", "data", r"--num_classes=5 but TFDS .* has 3 classes"),
-], ids=["not_prepared", "unknown_name", "unknown_config", "catalogue_config", "no_supervised_keys",
-        "text_feature", "array_record", "config_dir_only", "missing_shard", "num_classes"])
+@pytest.mark.parametrize(
+    "dataset, directory, message",
+    [
+        (
+            "tfds:mnist",
+            "empty",
+            r"mnist is not prepared in .*mnist/3\.0\.1; run `python -c \"import "
+            r"tensorflow_datasets as tfds; tfds\.builder\('mnist', data_dir='.*'\)\.download_and_prepare\(\)\"` on a "
+            r"machine with internet, then copy",
+        ),
+        (
+            "tfds:no_such_data_set",
+            "data",
+            r"unknown TFDS data set 'no_such_data_set': not in the TFDS catalogue "
+            r"and not prepared under .* \(which holds: tiny_registered/colour/1\.0\.0, tiny_shapes/colour/1\.0\.0, "
+            r"tiny_shapes/grey/1\.0\.0, tiny_shapes/text/1\.0\.0, tiny_shapes/unsupervised/1\.0\.0\)",
+        ),
+        ("tfds:tiny_shapes:nope", "data", r"tiny_shapes/nope is not prepared under .*config='nope'"),
+        ("tfds:mnist:nope", "empty", r"mnist/nope .*it has no config 'nope'"),
+        (
+            "tfds:tiny_shapes:unsupervised",
+            "data",
+            r"no supervised_keys .*features are \['caption', 'id', 'image', 'label'\]",
+        ),
+        ("tfds:tiny_shapes:text", "data", r"supervised key 'caption' is Text \(string\); the engine trains on numbers"),
+        ("tfds:tiny_shapes", "array_record", r"prepared as array_record files; the engine streams TFRecord"),
+        (
+            "tfds:tiny_shapes",
+            "config_dir_only",
+            r"name the config of tiny_shapes prepared under .*: "
+            r"tfds:tiny_shapes:colour$",
+        ),
+        (
+            "tfds:tiny_shapes:colour",
+            "missing_shard",
+            r"the test split's shard .*tiny_shapes-test\.tfrecord-00000-of-00001 "
+            r"is missing",
+        ),
+        ("tfds:tiny_shapes:colour --num_classes=5", "data", r"--num_classes=5 but TFDS .* has 3 classes"),
+    ],
+    ids=[
+        "not_prepared",
+        "unknown_name",
+        "unknown_config",
+        "catalogue_config",
+        "no_supervised_keys",
+        "text_feature",
+        "array_record",
+        "config_dir_only",
+        "missing_shard",
+        "num_classes",
+    ],
+)
 @pytest.mark.fast
 def test_tfds_bad_inputs_are_one_line_errors(data_dir, tmp_path, dataset, directory, message):
     dataset, _, num_classes = dataset.partition(" --num_classes=")
-    directories = {"data": lambda: data_dir, "empty": lambda: str(tmp_path),
-                   "array_record": lambda: _array_record_dir(tmp_path),
-                   "config_dir_only": lambda: _config_dir_copy(data_dir, tmp_path),
-                   "missing_shard": lambda: _missing_shard_dir(data_dir, tmp_path)}
+    directories = {
+        "data": lambda: data_dir,
+        "empty": lambda: str(tmp_path),
+        "array_record": lambda: _array_record_dir(tmp_path),
+        "config_dir_only": lambda: _config_dir_copy(data_dir, tmp_path),
+        "missing_shard": lambda: _missing_shard_dir(data_dir, tmp_path),
+    }
     config = Config(dataset=dataset, data_dir=directories[directory](), num_classes=int(num_classes or 0))
     with pytest.raises(UserError, match=message) as error:
         sources.load(config)
@@ -208,13 +266,22 @@ def test_tfds_bad_inputs_are_one_line_errors(data_dir, tmp_path, dataset, direct
 def test_tfds_not_installed_is_one_line_error_and_engine_imports_without_it(monkeypatch):
     # Python's own "not installed": a None entry makes `import tensorflow_datasets` raise ImportError.
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)
-    with pytest.raises(UserError, match=r'TensorFlow Datasets, which is not installed .*pip install -e "\.\[tfds\]"'
-                       ) as error:
+    with pytest.raises(
+        UserError, match=r'TensorFlow Datasets, which is not installed .*pip install -e "\.\[tfds\]"'
+    ) as error:
         sources.load(Config(dataset="tfds:mnist"))
     assert "\n" not in str(error.value)
     # The engine imports tensorflow_datasets only for a tfds: source.
-    check = ("import sys, run, engine.controller.trainer, engine.data.sources, engine.data.tfds_source; "
-             "sys.exit('tensorflow_datasets' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=240,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    check = (
+        "import sys, run, engine.controller.trainer, engine.data.sources, engine.data.tfds_source; "
+        "sys.exit('tensorflow_datasets' in sys.modules)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", check],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]

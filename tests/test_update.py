@@ -33,8 +33,18 @@ def _assert_close(a, b, atol=1e-5):
 def test_float16_overflow_on_one_replica_skips_the_step_everywhere(tmp_path):
     """+Inf in replica 1's gradients only (replica 0 is clean) at step 3: the update is skipped on
     both replicas, the weights stay finite, the loss scale halves and the run goes on."""
-    result = train(small_config(tmp_path / "inf", model="mlp", precision="mixed_float16", train_steps=6,
-                                steps_per_loop=3, task=f"{TEST_TASKS}:InfGradientTask", **TWO_REPLICAS), **QUIET)
+    result = train(
+        small_config(
+            tmp_path / "inf",
+            model="mlp",
+            precision="mixed_float16",
+            train_steps=6,
+            steps_per_loop=3,
+            task=f"{TEST_TASKS}:InfGradientTask",
+            **TWO_REPLICAS,
+        ),
+        **QUIET,
+    )
     assert result.final_step == 6 and result.skipped_steps == 0  # an overflow is not a bad step
     state = checkpoint_state(tmp_path / "inf")
     assert all(np.all(np.isfinite(v)) for v in state.values())
@@ -53,10 +63,15 @@ def test_float16_trains_like_float32_and_restores_the_policy(tmp_path):
 
 @pytest.mark.fast
 def test_bfloat16_computes_in_bfloat16_with_a_float32_head(tmp_path):
-    half = train(small_config(tmp_path / "half", model="mlp", precision="mixed_bfloat16", export=True,
-                              train_steps=20, steps_per_loop=10), **QUIET).eval_metrics["loss"]
-    full = train(small_config(tmp_path / "full", model="mlp", train_steps=20, steps_per_loop=10),
-                 **QUIET).eval_metrics["loss"]
+    half = train(
+        small_config(
+            tmp_path / "half", model="mlp", precision="mixed_bfloat16", export=True, train_steps=20, steps_per_loop=10
+        ),
+        **QUIET,
+    ).eval_metrics["loss"]
+    full = train(small_config(tmp_path / "full", model="mlp", train_steps=20, steps_per_loop=10), **QUIET).eval_metrics[
+        "loss"
+    ]
     assert half < 2.28 and abs(half - full) < 0.01  # it learns (ln 10 = 2.30 at the start), like float32
     model = keras.models.load_model(os.path.join(str(tmp_path / "half"), "export", "model.keras"))
     assert model.layers[0].compute_dtype == "bfloat16" and model.layers[0].variable_dtype == "float32"
@@ -66,8 +81,10 @@ def test_bfloat16_computes_in_bfloat16_with_a_float32_head(tmp_path):
 @pytest.mark.fast
 def test_float16_refuses_a_step_that_does_not_scale_its_loss(tmp_path):
     with pytest.raises(UserError, match="self.scale_loss"):
-        train(small_config(tmp_path, model="mlp", precision="mixed_float16",
-                           task=f"{TEST_TASKS}:UnscaledLossTask"), **QUIET)
+        train(
+            small_config(tmp_path, model="mlp", precision="mixed_float16", task=f"{TEST_TASKS}:UnscaledLossTask"),
+            **QUIET,
+        )
 
 
 @pytest.mark.parametrize("strategy", [dict(strategy="default"), TWO_REPLICAS], ids=["one_replica", "two_replicas"])
@@ -86,8 +103,11 @@ def test_accumulation_needs_equal_micro_batches(tmp_path):
 
 
 def test_accumulation_compiles_with_xla(tmp_path):
-    _assert_close(_weights(tmp_path, "xla", grad_accum_steps=2, jit_compile=True, train_steps=3),
-                  _weights(tmp_path, "plain", train_steps=3), atol=1e-4)
+    _assert_close(
+        _weights(tmp_path, "xla", grad_accum_steps=2, jit_compile=True, train_steps=3),
+        _weights(tmp_path, "plain", train_steps=3),
+        atol=1e-4,
+    )
 
 
 def test_clipping_uses_the_norm_of_the_summed_gradient(tmp_path):
@@ -108,8 +128,7 @@ def test_the_update_beside_the_finite_check_trains_like_the_guarded_one(tmp_path
     unguarded); skip waits for it. On clean data both give the same weights, batch-norm statistics,
     optimizer state and weight averages."""
     for mode in ("stop", "skip"):
-        train(small_config(tmp_path / mode, on_nonfinite=mode, train_steps=4, steps_per_loop=2, **overrides),
-              **QUIET)
+        train(small_config(tmp_path / mode, on_nonfinite=mode, train_steps=4, steps_per_loop=2, **overrides), **QUIET)
     stop, skip = checkpoint_state(tmp_path / "stop"), checkpoint_state(tmp_path / "skip")
     assert sorted(stop) == sorted(skip)
     for name in stop:
@@ -119,6 +138,7 @@ def test_the_update_beside_the_finite_check_trains_like_the_guarded_one(tmp_path
 @pytest.mark.fast
 def test_only_stop_without_loss_scaling_updates_unguarded():
     from engine.update import Updater
+
     optimizer = keras.optimizers.SGD()
     assert not Updater(optimizer, loss_scaling=False, guarded=False).guarded
     assert Updater(optimizer, loss_scaling=True, guarded=False).guarded  # an overflow must be skipped

@@ -19,8 +19,9 @@ def test_smoothed_loss_is_the_cross_entropy_against_smoothed_labels():
     labels = np.array([0, 3])
     targets = np.full((2, 4), 0.1 / 4) + 0.9 * np.eye(4)[labels]
     log_softmax = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-    np.testing.assert_allclose(task.per_example_loss(labels, logits).numpy(),
-                               -(targets * log_softmax).sum(axis=1), rtol=1e-6)
+    np.testing.assert_allclose(
+        task.per_example_loss(labels, logits).numpy(), -(targets * log_softmax).sum(axis=1), rtol=1e-6
+    )
 
 
 def test_two_replicas_train_like_one(tmp_path):
@@ -36,8 +37,12 @@ def test_two_replicas_train_like_one(tmp_path):
 
 @pytest.mark.fast
 def test_registered_name_trains_on_two_replicas_and_logs_its_metric(tmp_path):
-    result = train(small_config(tmp_path, task="label_smoothing", model="mlp", export=True, train_steps=12,
-                                steps_per_loop=6, **TWO_REPLICAS), **QUIET)
+    result = train(
+        small_config(
+            tmp_path, task="label_smoothing", model="mlp", export=True, train_steps=12, steps_per_loop=6, **TWO_REPLICAS
+        ),
+        **QUIET,
+    )
     assert result.eval_metrics["loss"] < 2.3 and set(result.train_metrics) >= {"loss", "accuracy", "penalty"}
     penalties = dict(tensorboard_scalars(tmp_path / "train")["penalty"])
     kernel = exported_weights(tmp_path)[-2]  # the output layer's kernel after the last update

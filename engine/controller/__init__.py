@@ -1,17 +1,17 @@
 """The controller: the outer Python loop and what it keeps between runs.
 
-  trainer.py      the training job: builds everything, runs compiled loops, decides when to
-                  evaluate/checkpoint/log
-  evaluator.py    the evaluation job: --mode=eval and --mode=continuous_eval (the sidecar)
-  job.py          what both jobs do first: the job's context, seeding, the Task class and its data
-  evaluation.py   one evaluation of the whole test split and its console line
-  schedule.py     loop lengths and what is due at a step, as pure functions of the step
-  state.py        the Task and what is built in strategy.scope() and checkpointed, and its restore
-  checkpoints.py  tf.train.Checkpoint + CheckpointManager (non-chief workers in a temp dir)
-  run_record.py   model_dir/config.json: written on a fresh run, compared on resume
-  best.py         --best_metric: the best checkpoint and model in model_dir/best/
-  rollback.py     --on_nonfinite=rollback: back to the last checkpoint, the data past the bad batch
-  export.py       the exporters: model.keras and the SavedModel with a raw-input serving signature
-  actions/        host-side work at known points (after a loop, after an eval, at the end):
-                  histograms, eval summaries, EMA evaluation, best, early stopping, export
+trainer.py      the training job: builds everything, runs compiled loops, decides when to
+                evaluate/checkpoint/log
+evaluator.py    the evaluation job: --mode=eval and --mode=continuous_eval (the sidecar)
+job.py          what both jobs do first: the job's context, seeding, the Task class and its data
+evaluation.py   one evaluation of the whole test split and its console line
+schedule.py     loop lengths and what is due at a step, as pure functions of the step
+state.py        the Task and what is built in strategy.scope() and checkpointed, and its restore
+checkpoints.py  tf.train.Checkpoint + CheckpointManager (non-chief workers in a temp dir)
+run_record.py   model_dir/config.json: written on a fresh run, compared on resume
+best.py         --best_metric: the best checkpoint and model in model_dir/best/
+rollback.py     --on_nonfinite=rollback: back to the last checkpoint, the data past the bad batch
+export.py       the exporters: model.keras and the SavedModel with a raw-input serving signature
+actions/        host-side work at known points (after a loop, after an eval, at the end):
+                histograms, eval summaries, EMA evaluation, best, early stopping, export
 """

@@ -29,8 +29,10 @@ def parse_best_metric(text: str) -> tuple[str, bool]:
         return text[1:], text[0] == "+"
     if text in METRIC_DIRECTIONS:
         return text, METRIC_DIRECTIONS[text] == "+"
-    raise UserError(f"--best_metric={text!r}: use {', '.join(METRIC_DIRECTIONS)}, +NAME (higher is better) "
-                    "or -NAME (lower is better)")
+    raise UserError(
+        f"--best_metric={text!r}: use {', '.join(METRIC_DIRECTIONS)}, +NAME (higher is better) "
+        "or -NAME (lower is better)"
+    )
 
 
 def read(model_dir: str) -> dict | None:
@@ -40,7 +42,9 @@ def read(model_dir: str) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as err:
-        raise UserError(f"cannot read {os.path.join(model_dir, DIR_NAME, FILE_NAME)} ({err}); fix or delete it") from None
+        raise UserError(
+            f"cannot read {os.path.join(model_dir, DIR_NAME, FILE_NAME)} ({err}); fix or delete it"
+        ) from None
 
 
 class BestKeeper:
@@ -51,8 +55,10 @@ class BestKeeper:
     def __init__(self, model_dir: str, spec: str, *, metric_names, is_chief: bool = True):
         self.name, self.higher_is_better = parse_best_metric(spec)
         if self.name not in metric_names:
-            raise UserError(f"--best_metric={spec}: the task's eval metrics are {', '.join(metric_names)}; "
-                            f"there is no {self.name!r}")
+            raise UserError(
+                f"--best_metric={spec}: the task's eval metrics are {', '.join(metric_names)}; "
+                f"there is no {self.name!r}"
+            )
         self.model_dir, self.is_chief = model_dir, is_chief
         self.directory = os.path.join(model_dir, DIR_NAME)
         self.record = read(model_dir)  # every worker: the same decision (model_dir is shared, as for resume)
@@ -82,8 +88,13 @@ class BestKeeper:
         staging = tempfile.mkdtemp(prefix=".best-", dir=self.model_dir)
         checkpoint.write(os.path.join(staging, "ckpt"))
         (save_model or model.save)(os.path.join(staging, "model.keras"))
-        self.record = {"metric": self.name, "higher_is_better": self.higher_is_better, "step": step,
-                       "value": value, "checkpoint": os.path.join(self.directory, "ckpt")}
+        self.record = {
+            "metric": self.name,
+            "higher_is_better": self.higher_is_better,
+            "step": step,
+            "value": value,
+            "checkpoint": os.path.join(self.directory, "ckpt"),
+        }
         with open(os.path.join(staging, FILE_NAME), "w") as f:
             json.dump(self.record, f, indent=2, sort_keys=True)
             f.write("\n")

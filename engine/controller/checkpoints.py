@@ -17,8 +17,9 @@ from engine.errors import UserError
 
 
 class Checkpointer:
-    def __init__(self, model_dir: str, is_chief: bool, max_to_keep: int, writable: bool = True, verify=None,
-                 **trackables):
+    def __init__(
+        self, model_dir: str, is_chief: bool, max_to_keep: int, writable: bool = True, verify=None, **trackables
+    ):
         """verify(path): raises UserError when the checkpoint at `path` must not be restored (it is
         called before anything is restored)."""
         self.checkpoint = tf.train.Checkpoint(**trackables)
@@ -26,7 +27,9 @@ class Checkpointer:
         self.real_dir = os.path.join(model_dir, "checkpoints")
         self._temp_dir = None if is_chief or not writable else tempfile.mkdtemp(prefix="ctl_worker_ckpt_")
         directory = self.real_dir if is_chief else self._temp_dir
-        self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=max_to_keep) if writable else None
+        self.manager = (
+            tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=max_to_keep) if writable else None
+        )
 
     def restore_latest(self) -> str | None:
         """Restores the chief's latest checkpoint (every worker reads the real one); None if none."""
@@ -36,8 +39,10 @@ class Checkpointer:
         try:
             self.restore(latest)
         except tf.errors.NotFoundError:
-            raise UserError(f"cannot restore checkpoint {latest}: its files are missing (the 'checkpoint' "
-                            "file lists it); use a new --model_dir or restore the files") from None
+            raise UserError(
+                f"cannot restore checkpoint {latest}: its files are missing (the 'checkpoint' "
+                "file lists it); use a new --model_dir or restore the files"
+            ) from None
         return latest
 
     def restore(self, path: str) -> None:

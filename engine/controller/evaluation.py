@@ -13,7 +13,9 @@ def evaluate_split(eval_loop, eval_data, task, num_test: int, step: int) -> tupl
     result = eval_loop(eval_data)
     metrics, examples = ratios(result["totals"]), int(result["examples"].numpy())
     metrics.update(task.derived_metrics(metrics))
-    seen = f"{examples} examples" if examples == num_test else (
-        f"{examples} examples evaluated, but the test split has {num_test}: its pipeline "
-        "missed or repeated some")
+    seen = (
+        f"{examples} examples"
+        if examples == num_test
+        else (f"{examples} examples evaluated, but the test split has {num_test}: its pipeline missed or repeated some")
+    )
     return metrics, f"eval   step {step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + f"  ({seen})"

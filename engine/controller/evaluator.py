@@ -86,22 +86,30 @@ class _Evaluator:
             if recorded is not None:
                 break
             if os.path.isdir(model_dir) and _holds_something_else(model_dir):
-                raise UserError(f"--model_dir={model_dir} is not a training run (no {run_record.FILE_NAME}); "
-                                "give the --model_dir of a run")
+                raise UserError(
+                    f"--model_dir={model_dir} is not a training run (no {run_record.FILE_NAME}); "
+                    "give the --model_dir of a run"
+                )
             if not self.continuous or time.monotonic() > self.deadline:
-                raise UserError(f"--model_dir={model_dir} is not a training run (no {run_record.FILE_NAME}"
-                                + (f" after {self.config.eval_timeout:g} s, --eval_timeout" if self.continuous else "")
-                                + "); give the --model_dir of a run, or start its training")
+                raise UserError(
+                    f"--model_dir={model_dir} is not a training run (no {run_record.FILE_NAME}"
+                    + (f" after {self.config.eval_timeout:g} s, --eval_timeout" if self.continuous else "")
+                    + "); give the --model_dir of a run, or start its training"
+                )
             if not waited:
-                self.say(f"waiting      for {run_record.path(model_dir)} (training has not started; "
-                         f"at most --eval_timeout={self.config.eval_timeout:g} s)")
+                self.say(
+                    f"waiting      for {run_record.path(model_dir)} (training has not started; "
+                    f"at most --eval_timeout={self.config.eval_timeout:g} s)"
+                )
                 waited = True
             time.sleep(POLL_SECONDS)
         changed = [d for d in run_record.differences(recorded, self.config) if d[0] not in _NOT_COMPARED]
         if changed and not self.config.allow_config_change:
             shown = ", ".join(f"--{name}={new!r} (the run has {old!r})" for name, old, new in changed)
-            raise UserError(f"--model_dir={model_dir} was trained with other flags: {shown}; evaluate with "
-                            "the run's flags (see its config.json) or pass --allow_config_change")
+            raise UserError(
+                f"--model_dir={model_dir} was trained with other flags: {shown}; evaluate with "
+                "the run's flags (see its config.json) or pass --allow_config_change"
+            )
         return recorded
 
     def setup(self) -> None:
@@ -112,19 +120,25 @@ class _Evaluator:
         seed = int(self.recorded.get("seed") or 0)
         job.seed_everything(seed, config.deterministic)
         task_class, self.data, _ = job.load_data(config)
-        self.best = BestKeeper(config.model_dir, config.best_metric, metric_names=tuple(task_class.eval_metrics)) \
-            if config.best_metric else None
+        self.best = (
+            BestKeeper(config.model_dir, config.best_metric, metric_names=tuple(task_class.eval_metrics))
+            if config.best_metric
+            else None
+        )
         self.task, self.state = build_task_state(
-            config, self.placement, task_class, self.data, seed=seed, total_steps=self.total_steps(),
-            writable=False)
+            config, self.placement, task_class, self.data, seed=seed, total_steps=self.total_steps(), writable=False
+        )
         self.eval_data = pipelines.distributed_eval_data(self.placement.strategy, self.data, config)
         self.eval_loop = make_eval_loop(self.placement.strategy, self.task)
         self.writer = SummaryWriter(os.path.join(config.model_dir, "eval"))
         self.evaluated = _read_evaluated(config.model_dir)
-        self.say(f"evaluator    {self.placement.name}: {self.placement.num_replicas} replica(s) on "
-                 f"{', '.join(self.placement.devices)}; {self.data.num_test} test examples of {self.data.name}; "
-                 f"run {config.model_dir}" + (f", last step {self.total_steps()}" if self.continuous else "")
-                 + (f"; {len(self.evaluated)} step(s) evaluated before" if self.evaluated else ""))
+        self.say(
+            f"evaluator    {self.placement.name}: {self.placement.num_replicas} replica(s) on "
+            f"{', '.join(self.placement.devices)}; {self.data.num_test} test examples of {self.data.name}; "
+            f"run {config.model_dir}"
+            + (f", last step {self.total_steps()}" if self.continuous else "")
+            + (f"; {len(self.evaluated)} step(s) evaluated before" if self.evaluated else "")
+        )
 
     def total_steps(self) -> int:
         """The run's last step from its record (re-read: a resumed run may have rewritten it)."""
@@ -132,8 +146,10 @@ class _Evaluator:
         if recorded.get("train_steps"):
             return int(recorded["train_steps"])
         if not recorded.get("epochs") or not recorded.get("global_batch"):
-            raise UserError(f"{run_record.path(self.config.model_dir)} records neither train_steps nor epochs "
-                            "and global_batch: the run's last step is unknown")
+            raise UserError(
+                f"{run_record.path(self.config.model_dir)} records neither train_steps nor epochs "
+                "and global_batch: the run's last step is unknown"
+            )
         return int(recorded["epochs"]) * pipelines.steps_per_epoch(self.data, int(recorded["global_batch"]))
 
     # Evaluation ------------------------------------------------------------------------------
@@ -143,8 +159,10 @@ class _Evaluator:
         try:
             self.state.checkpointer.restore(path)
         except tf.errors.NotFoundError:
-            self.say(f"warning      checkpoint {path} was deleted before it could be read (the training "
-                     "run keeps only --keep_checkpoints); skipped")
+            self.say(
+                f"warning      checkpoint {path} was deleted before it could be read (the training "
+                "run keeps only --keep_checkpoints); skipped"
+            )
             self.result.skipped.append(path)
             return False
         step = self.state.step
@@ -176,8 +194,10 @@ class _Evaluator:
         path = self.config.checkpoint
         if path:
             if not tf.io.gfile.exists(path + ".index"):
-                raise UserError(f"--checkpoint={path}: no such checkpoint (expected {path}.index); give a "
-                                "prefix such as RUN/checkpoints/ckpt-600")
+                raise UserError(
+                    f"--checkpoint={path}: no such checkpoint (expected {path}.index); give a "
+                    "prefix such as RUN/checkpoints/ckpt-600"
+                )
         else:
             listed = listed_checkpoints(self.config.model_dir)
             if not listed:
@@ -192,9 +212,12 @@ class _Evaluator:
         waiting_said = False
         while True:
             total = self.total_steps()
-            pending = [(step, path) for step, path in listed_checkpoints(self.config.model_dir)
-                       if step not in self.evaluated and path not in skipped]
-            for step, path in pending:
+            pending = [
+                (step, path)
+                for step, path in listed_checkpoints(self.config.model_dir)
+                if step not in self.evaluated and path not in skipped
+            ]
+            for _, path in pending:
                 if not self.evaluate_checkpoint(path):
                     skipped.add(path)
                 last_new = time.monotonic()
@@ -204,10 +227,14 @@ class _Evaluator:
             idle = time.monotonic() - last_new
             if idle > self.config.eval_timeout:
                 if not self.evaluated and not self.result.skipped:
-                    raise UserError(f"--model_dir={self.config.model_dir}: no checkpoint within --eval_timeout="
-                                    f"{self.config.eval_timeout:g} s")
-                self.say(f"done         no new checkpoint for {idle:.0f} s (--eval_timeout); stopping before the "
-                         f"run's last step {total}")
+                    raise UserError(
+                        f"--model_dir={self.config.model_dir}: no checkpoint within --eval_timeout="
+                        f"{self.config.eval_timeout:g} s"
+                    )
+                self.say(
+                    f"done         no new checkpoint for {idle:.0f} s (--eval_timeout); stopping before the "
+                    f"run's last step {total}"
+                )
                 return
             if not pending and not waiting_said:
                 self.say("waiting      for the next checkpoint")

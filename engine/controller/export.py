@@ -51,8 +51,10 @@ class _Serving(tf.Module):
         super().__init__()
         self.model = model
         self._normalise, self._num_classes = normalise, num_classes
-        self.serve = tf.function(self._serve, input_signature=[
-            tf.TensorSpec([None, *signature_input.shape], signature_input.dtype, name="inputs")])
+        self.serve = tf.function(
+            self._serve,
+            input_signature=[tf.TensorSpec([None, *signature_input.shape], signature_input.dtype, name="inputs")],
+        )
 
     def _serve(self, inputs):
         x = normalise_features(inputs) if self._normalise else inputs
@@ -63,8 +65,10 @@ class _Serving(tf.Module):
         if outputs.dtype.is_floating:
             outputs = tf.cast(outputs, tf.float32)  # mixed precision computes in (b)float16
         if self._num_classes and outputs.shape[-1] == self._num_classes:
-            return {"probabilities": tf.nn.softmax(outputs, axis=-1),
-                    "classes": tf.argmax(outputs, axis=-1, output_type=tf.int64)}
+            return {
+                "probabilities": tf.nn.softmax(outputs, axis=-1),
+                "classes": tf.argmax(outputs, axis=-1, output_type=tf.int64),
+            }
         return {"outputs": outputs}
 
 

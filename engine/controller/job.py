@@ -26,8 +26,11 @@ def context(config):
     except tf.errors.OpError as err:
         if not from_input_pipeline(err):
             raise
-        hint = ("; `python -m engine.data.image_folders DIR` lists every bad file"
-                if config.dataset.startswith("images:") else "")
+        hint = (
+            "; `python -m engine.data.image_folders DIR` lists every bad file"
+            if config.dataset.startswith("images:")
+            else ""
+        )
         raise UserError(f"--dataset={config.dataset}: the input pipeline failed: {_first_cause(err)}{hint}") from None
     finally:
         keras.mixed_precision.set_dtype_policy(previous_policy)
@@ -36,7 +39,8 @@ def context(config):
 def from_input_pipeline(err) -> bool:
     """A bad record or file met while reading (decoding, parsing), not a bug in the step."""
     return isinstance(err, (tf.errors.InvalidArgumentError, tf.errors.DataLossError, tf.errors.NotFoundError)) and (
-        "IteratorGetNext" in str(err) or "MultiDeviceIteratorGetNextFromShard" in str(err))
+        "IteratorGetNext" in str(err) or "MultiDeviceIteratorGetNextFromShard" in str(err)
+    )
 
 
 def _first_cause(err) -> str:

@@ -39,5 +39,7 @@ class Rollback:
         run.train_data = run._train_data()
         run.iterator = iter(run.train_data)
         run.writers["train"].write_scalars(restored, {"rollbacks": float(count)})
-        return (f"rollback {count} of {self.max_rollbacks}: bad step {bad_step}; back to step {restored} "
-                f"({latest}), the data moved past batch {bad_position}")
+        return (
+            f"rollback {count} of {self.max_rollbacks}: bad step {bad_step}; back to step {restored} "
+            f"({latest}), the data moved past batch {bad_position}"
+        )

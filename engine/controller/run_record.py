@@ -22,8 +22,20 @@ from engine.errors import UserError
 FILE_NAME = "config.json"
 # Resuming with a different value of one of these is an error (--allow_config_change overrides).
 # model, optimizer, lr_schedule and precision also decide which variables the checkpoint holds.
-RECORDED_IDENTITY = ("model", "dataset", "global_batch", "task", "optimizer", "lr_schedule", "precision",
-                     "image_size", "validation_split", "synthetic_shape", "num_classes", "seq_len")
+RECORDED_IDENTITY = (
+    "model",
+    "dataset",
+    "global_batch",
+    "task",
+    "optimizer",
+    "lr_schedule",
+    "precision",
+    "image_size",
+    "validation_split",
+    "synthetic_shape",
+    "num_classes",
+    "seq_len",
+)
 
 
 def path(model_dir: str) -> str:
@@ -66,8 +78,11 @@ def _read_record(model_dir: str) -> dict | None:
 def differences(recorded: dict, config) -> list[tuple[str, object, object]]:
     """[(flag, recorded value, this run's value)] for the RECORDED_IDENTITY flags that differ."""
     current = config.as_dict()
-    return [(name, recorded[name], current[name]) for name in RECORDED_IDENTITY
-            if name in recorded and recorded[name] != current[name]]
+    return [
+        (name, recorded[name], current[name])
+        for name in RECORDED_IDENTITY
+        if name in recorded and recorded[name] != current[name]
+    ]
 
 
 def check_resume(config) -> list:
@@ -103,10 +118,15 @@ def _shown(names, most: int = 12) -> str:
 
 # Facts of the data a run records beside its flags, and what changing one under a checkpoint means.
 DATA_FACTS = {
-    "class_names": ("was trained on classes [{recorded}] but --dataset={dataset} has [{current}]",
-                    "restore the class folders"),
-    "data_order": ("was trained on data drawn {recorded} but this run draws it {current} (another order "
-                   "of examples: the resume would not be exact)", "resume with that run's --input_mode"),
+    "class_names": (
+        "was trained on classes [{recorded}] but --dataset={dataset} has [{current}]",
+        "restore the class folders",
+    ),
+    "data_order": (
+        "was trained on data drawn {recorded} but this run draws it {current} (another order "
+        "of examples: the resume would not be exact)",
+        "resume with that run's --input_mode",
+    ),
 }
 
 
@@ -130,9 +150,10 @@ def check_data_facts(config, facts: dict) -> bool:
         name = changed[0]
         what, remedy = DATA_FACTS[name]
         raise UserError(
-            f"--model_dir={config.model_dir} " + what.format(recorded=_shown(record[name]), current=_shown(facts[name]),
-                                                             dataset=config.dataset)
-            + f" (recorded in {path(config.model_dir)}); {remedy}, use a new --model_dir, or pass --allow_config_change")
+            f"--model_dir={config.model_dir} "
+            + what.format(recorded=_shown(record[name]), current=_shown(facts[name]), dataset=config.dataset)
+            + f" (recorded in {path(config.model_dir)}); {remedy}, use a new --model_dir, or pass --allow_config_change"
+        )
     return bool(changed)
 
 

@@ -41,27 +41,33 @@ def build_task(strategy, task) -> task_state.TaskState:
     strategy_lib.check_variables_in_scope(strategy, task.optimizer.variables)
     task.build_extras()  # after the main model: an extra model never moves its initial weights
     extras = task_state.find(task)
-    for path, model in extras.models.items():
+    for model in extras.models.values():
         if isinstance(model, keras.Model) or model.weights:
             refused_combinations.check(task.config, model)
             per_replica_randomness(model)
             strategy_lib.check_variables_in_scope(strategy, model.variables)
     for path, optimizer in extras.optimizers.items():
         if not optimizer.built:
-            raise UserError(f"the Task's optimizer self.{path} is not built: in build_extras(), call "
-                            f"self.{path}.build(variables) with the variables it will update")
+            raise UserError(
+                f"the Task's optimizer self.{path} is not built: in build_extras(), call "
+                f"self.{path}.build(variables) with the variables it will update"
+            )
         strategy_lib.check_variables_in_scope(strategy, optimizer.variables)
     ema = WeightAverage(task.model, task.config.ema_decay) if task.config.ema_decay else None
-    task.updater = Updater(task.optimizer, loss_scaling=task.config.precision == "mixed_float16",
-                           clip_norm=task.config.clip_norm, optimizers=extras.optimizers, ema=ema,
-                           guarded=task.config.on_nonfinite != "stop")
+    task.updater = Updater(
+        task.optimizer,
+        loss_scaling=task.config.precision == "mixed_float16",
+        clip_norm=task.config.clip_norm,
+        optimizers=extras.optimizers,
+        ema=ema,
+        guarded=task.config.on_nonfinite != "stop",
+    )
     return extras
 
 
 def trained_models(task, extras: task_state.TaskState) -> list:
     """The main model and every extra model that trains (a frozen one's state never changes)."""
-    return [task.model] + [model for model in extras.models.values()
-                           if model.trainable and model is not task.model]
+    return [task.model] + [model for model in extras.models.values() if model.trainable and model is not task.model]
 
 
 def check_task_state(extras: task_state.TaskState, path: str) -> None:
@@ -70,16 +76,21 @@ def check_task_state(extras: task_state.TaskState, path: str) -> None:
     has = set(extras.trackables)
     missing, unknown = sorted(has - held), sorted(held - has)
     if missing:
-        raise UserError(f"checkpoint {path} lacks the Task's self.{missing[0]} (it would start from scratch, not "
-                        "resume); resume with the Task that wrote it, or use a new --model_dir")
+        raise UserError(
+            f"checkpoint {path} lacks the Task's self.{missing[0]} (it would start from scratch, not "
+            "resume); resume with the Task that wrote it, or use a new --model_dir"
+        )
     if unknown:
-        raise UserError(f"checkpoint {path} holds self.{unknown[0]}, which this Task does not have; resume with "
-                        "the Task that wrote it, or use a new --model_dir")
+        raise UserError(
+            f"checkpoint {path} holds self.{unknown[0]}, which this Task does not have; resume with "
+            "the Task that wrote it, or use a new --model_dir"
+        )
 
 
 def _counter(name, value=0):
-    return tf.Variable(value, dtype=tf.int64, trainable=False, name=name,
-                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    return tf.Variable(
+        value, dtype=tf.int64, trainable=False, name=name, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+    )
 
 
 @dataclasses.dataclass
@@ -134,14 +145,17 @@ class TrainState:
             if path not in self.warned:
                 self.warned.add(path)
                 kind = type(self.extras.untracked[path]).__name__
-                lines.append(f"warning: self.{path} ({kind}) changed during training, but no checkpoint can hold "
-                             "it: a resumed run starts it from its first value; keep it in a tf.Variable "
-                             "(created in build_extras)")
+                lines.append(
+                    f"warning: self.{path} ({kind}) changed during training, but no checkpoint can hold "
+                    "it: a resumed run starts it from its first value; keep it in a tf.Variable "
+                    "(created in build_extras)"
+                )
         return lines
 
 
-def create_state(strategy, task, *, seed: int, model_dir: str, is_chief: bool, keep: int,
-                 writable: bool = True) -> TrainState:
+def create_state(
+    strategy, task, *, seed: int, model_dir: str, is_chief: bool, keep: int, writable: bool = True
+) -> TrainState:
     with strategy.scope():
         extras = build_task(strategy, task)
         global_step, epoch, seed_variable = _counter("global_step"), _counter("epoch"), _counter("seed", seed)
@@ -150,15 +164,32 @@ def create_state(strategy, task, *, seed: int, model_dir: str, is_chief: bool, k
     own_state = {TASK_NODE: tf.train.Checkpoint(**extras.trackables)} if extras.trackables else {}
     models = [task.model] + [model for model in extras.models.values() if model is not task.model]
     checkpointer = Checkpointer(
-        model_dir, is_chief, keep, writable=writable, verify=functools.partial(check_task_state, extras),
-        model=task.model, optimizer=task.optimizer, global_step=global_step, epoch=epoch, seed=seed_variable,
-        **task.updater.checkpoint_items(), **own_state,
+        model_dir,
+        is_chief,
+        keep,
+        writable=writable,
+        verify=functools.partial(check_task_state, extras),
+        model=task.model,
+        optimizer=task.optimizer,
+        global_step=global_step,
+        epoch=epoch,
+        seed=seed_variable,
+        **task.updater.checkpoint_items(),
+        **own_state,
         **({"data_offset": data_offset, "rollbacks": rollbacks} if task.config.on_nonfinite == "rollback" else {}),
         # Dropout & co.: a resumed run continues their random streams instead of restarting them.
         random_states=[generator.state.value for model in models for generator in seed_generators(model)],
     )
-    return TrainState(task=task, global_step=global_step, epoch=epoch, seed=seed_variable, checkpointer=checkpointer,
-                      extras=extras, data_offset=data_offset, rollbacks=rollbacks)
+    return TrainState(
+        task=task,
+        global_step=global_step,
+        epoch=epoch,
+        seed=seed_variable,
+        checkpointer=checkpointer,
+        extras=extras,
+        data_offset=data_offset,
+        rollbacks=rollbacks,
+    )
 
 
 def build_task_state(config, placement, task_class, data, *, seed: int, total_steps: int, writable: bool = True):
@@ -166,6 +197,13 @@ def build_task_state(config, placement, task_class, data, *, seed: int, total_st
     writable=False: a checkpoint that only reads (an evaluator never saves into the run)."""
     task = task_class(config, spec=data.spec)
     task.total_steps = total_steps
-    state = create_state(placement.strategy, task, seed=seed, model_dir=config.model_dir,
-                         is_chief=placement.is_chief, keep=config.keep_checkpoints, writable=writable)
+    state = create_state(
+        placement.strategy,
+        task,
+        seed=seed,
+        model_dir=config.model_dir,
+        is_chief=placement.is_chief,
+        keep=config.keep_checkpoints,
+        writable=writable,
+    )
     return task, state

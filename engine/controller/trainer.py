@@ -72,8 +72,7 @@ def _setup(config, out):
     placement = strategy_lib.build_strategy(config.strategy, config.cpu_replicas, config.collective_timeout)
     if placement.is_chief:
         run_record.create_model_dir(config.model_dir)
-    per_replica = strategy_lib.per_replica_batch(config.global_batch, placement.num_replicas,
-                                                 config.grad_accum_steps)
+    per_replica = strategy_lib.per_replica_batch(config.global_batch, placement.num_replicas, config.grad_accum_steps)
     seed = config.seed if config.seed is not None else random.randrange(2**31)
     cluster = placement.cluster
     if cluster is not None:
@@ -81,20 +80,27 @@ def _setup(config, out):
             raise UserError(f"--num_workers={config.num_workers} but TF_CONFIG lists {cluster.num_workers} workers")
         agreement_start = time.perf_counter()
         seed = agree(placement.strategy, config, cluster, seed)
-        out.write(f"agreement    all {cluster.num_workers} workers run the same flags "
-                  f"(checked in {time.perf_counter() - agreement_start:.3f} s)\n")
+        out.write(
+            f"agreement    all {cluster.num_workers} workers run the same flags "
+            f"(checked in {time.perf_counter() - agreement_start:.3f} s)\n"
+        )
     job.seed_everything(seed, config.deterministic)
 
     task_class, data, steps_per_epoch = job.load_data(config)
     # class_names (label i is class_names[i]) only where the source names its classes
-    data_facts = {name: value for name, value in (("class_names", list(data.spec.class_names or [])),
-                                                  ("data_order", run_record.data_order(data))) if value}
+    data_facts = {
+        name: value
+        for name, value in (
+            ("class_names", list(data.spec.class_names or [])),
+            ("data_order", run_record.data_order(data)),
+        )
+        if value
+    }
     data_changed = run_record.check_data_facts(config, data_facts)
     eval_every = config.eval_every
     if cluster is not None and cluster.has_evaluator and eval_every >= 0:
         eval_every = -1  # the sidecar evaluates each checkpoint; never both
-        out.write("evaluator    TF_CONFIG lists an evaluator task: it evaluates the checkpoints, "
-                  "training does not\n")
+        out.write("evaluator    TF_CONFIG lists an evaluator task: it evaluates the checkpoints, training does not\n")
     schedule = Schedule(
         total_steps=config.train_steps or config.epochs * steps_per_epoch,
         steps_per_epoch=steps_per_epoch,
@@ -105,13 +111,16 @@ def _setup(config, out):
         marks=parse_profile_steps(config.profile_steps) or (),
     )
     if config.loss_upper_bound and "loss" not in task_class.train_metrics:
-        raise UserError(f"--loss_upper_bound={config.loss_upper_bound:g}: --task={config.task} reports no "
-                        f"training 'loss' (it reports {', '.join(task_class.train_metrics)})")
+        raise UserError(
+            f"--loss_upper_bound={config.loss_upper_bound:g}: --task={config.task} reports no "
+            f"training 'loss' (it reports {', '.join(task_class.train_metrics)})"
+        )
     if config.early_stopping_patience and eval_every < 0:
-        raise UserError(f"--early_stopping_patience={config.early_stopping_patience} needs training to evaluate: "
-                        "drop --eval_every=-1 and TF_CONFIG's evaluator task")
-    task, state = build_task_state(config, placement, task_class, data, seed=seed,
-                                         total_steps=schedule.total_steps)
+        raise UserError(
+            f"--early_stopping_patience={config.early_stopping_patience} needs training to evaluate: "
+            "drop --eval_every=-1 and TF_CONFIG's evaluator task"
+        )
+    task, state = build_task_state(config, placement, task_class, data, seed=seed, total_steps=schedule.total_steps)
     actions = engine_actions(config, task, is_chief=placement.is_chief)  # before training: bad flags refused now
     checkpoint_path = state.restore()
     start_step = state.step
@@ -119,13 +128,28 @@ def _setup(config, out):
         action.resume_at(start_step)
     input_mode = resolved_input_mode(config, data, augmented=task.example_augmentation(task.seed) is not None)
     report.banner(config, placement, data, per_replica, schedule, task.seed, task.model, start_step, out, input_mode)
-    run_facts = {"engine_version": __version__, "replicas": placement.num_replicas, "effective_seed": task.seed,
-                 **data_facts}
+    run_facts = {
+        "engine_version": __version__,
+        "replicas": placement.num_replicas,
+        "effective_seed": task.seed,
+        **data_facts,
+    }
     if placement.is_chief and (start_step == 0 or config_changes or data_changed):
         run_record.write(config, run_facts)
-    return _Run(config=config, out=out, started=started, placement=placement, data=data, schedule=schedule,
-                task=task, state=state, run_facts=run_facts, start_step=start_step, checkpoint_path=checkpoint_path,
-                actions=actions)
+    return _Run(
+        config=config,
+        out=out,
+        started=started,
+        placement=placement,
+        data=data,
+        schedule=schedule,
+        task=task,
+        state=state,
+        run_facts=run_facts,
+        start_step=start_step,
+        checkpoint_path=checkpoint_path,
+        actions=actions,
+    )
 
 
 def _train(config, out) -> RunResult:
@@ -135,6 +159,7 @@ def _train(config, out) -> RunResult:
 @dataclasses.dataclass
 class _Run:
     """One run between set-up and summary: the loop over compiled loops and what happens between them."""
+
     config: object
     out: object
     started: float
@@ -155,8 +180,11 @@ class _Run:
         self.trained_examples, self.training_seconds, self.first_loop_seconds, self.skipped_steps = 0, 0.0, None, 0
         self.ema_metrics, self.last_result, self.export_path, self.stop_reason = {}, None, None, None
         self.stall_watch = None
-        self.writers = create_writers(config.model_dir, self.placement.is_chief,
-                                      ("train", "eval", "eval_ema") if config.ema_decay else ("train", "eval"))
+        self.writers = create_writers(
+            config.model_dir,
+            self.placement.is_chief,
+            ("train", "eval", "eval_ema") if config.ema_decay else ("train", "eval"),
+        )
         self.monitor = Monitor(config, self.writers, task, self.data, is_chief=self.placement.is_chief)
         if self.start_step == 0:
             self.monitor.at_start(report.config_markdown(config, self.run_facts), self.run_facts)
@@ -165,25 +193,42 @@ class _Run:
         self.fetched, self.eval_batches = stall.counters() if config.stall_timeout else (None, None)
         self.eval_data = pipelines.distributed_eval_data(strategy, self.data, config)
         self.train_loop = make_train_loop(
-            strategy, task, self.state.global_step, accum_steps=config.grad_accum_steps,
-            jit_compile=config.jit_compile, skip_nonfinite=config.on_nonfinite == "skip",
-            update_summaries=config.summaries == "full", gradients=config.histogram_every > 0,
-            models=self.state.models, strategy_name=config.strategy, loss_upper_bound=config.loss_upper_bound,
-            fetched=self.fetched)
+            strategy,
+            task,
+            self.state.global_step,
+            accum_steps=config.grad_accum_steps,
+            jit_compile=config.jit_compile,
+            skip_nonfinite=config.on_nonfinite == "skip",
+            update_summaries=config.summaries == "full",
+            gradients=config.histogram_every > 0,
+            models=self.state.models,
+            strategy_name=config.strategy,
+            loss_upper_bound=config.loss_upper_bound,
+            fetched=self.fetched,
+        )
         self.rollback = Rollback(config.max_rollbacks) if config.on_nonfinite == "rollback" else None
         self.eval_loop = make_eval_loop(strategy, task, progress=self.eval_batches)
-        self.progress = Progress(self.schedule.total_steps, self.schedule.steps_per_epoch, self.start_step,
-                                 stream=self.out, enabled=self.placement.is_chief)
+        self.progress = Progress(
+            self.schedule.total_steps,
+            self.schedule.steps_per_epoch,
+            self.start_step,
+            stream=self.out,
+            enabled=self.placement.is_chief,
+        )
 
     def _train_data(self):
         """The distributed training data from the state's data position (steps + batches skipped by rollbacks)."""
         return pipelines.distributed_train_data(
-            self.placement.strategy, self.data, self.config, self.task.seed, skip_batches=self.state.data_position,
-            augment=self.task.example_augmentation(self.task.seed))
+            self.placement.strategy,
+            self.data,
+            self.config,
+            self.task.seed,
+            skip_batches=self.state.data_position,
+            augment=self.task.example_augmentation(self.task.seed),
+        )
 
     def evaluate(self):
-        metrics, line = evaluate_split(self.eval_loop, self.eval_data, self.task, self.data.num_test,
-                                             self.step)
+        metrics, line = evaluate_split(self.eval_loop, self.eval_data, self.task, self.data.num_test, self.step)
         self.writers["eval"].write_scalars(self.step, metrics)
         self.progress.message(line)
         self.eval_metrics = metrics
@@ -222,12 +267,19 @@ class _Run:
         except (StopRun, KeyboardInterrupt):
             raise
         except Exception as err:  # noqa: BLE001 - any failure of an extra: one line, training kept
-            saved = (f"training up to step {self.saved_step} is saved"
-                     + (f" ({self.checkpoint_path})" if self.checkpoint_path else "")) if self.saved_step else \
-                "no checkpoint was written yet"
+            saved = (
+                (
+                    f"training up to step {self.saved_step} is saved"
+                    + (f" ({self.checkpoint_path})" if self.checkpoint_path else "")
+                )
+                if self.saved_step
+                else "no checkpoint was written yet"
+            )
             first_line = (str(err).strip().splitlines() or [""])[0][:300]
-            raise ExtraFailed(f"{what} failed at step {self.step}: {type(err).__name__}: {first_line}; {saved}; "
-                              "rerun the same command to continue from it") from err
+            raise ExtraFailed(
+                f"{what} failed at step {self.step}: {type(err).__name__}: {first_line}; {saved}; "
+                "rerun the same command to continue from it"
+            ) from err
 
     def save(self):
         if self.stall_watch is not None:
@@ -242,10 +294,19 @@ class _Run:
     def train(self) -> RunResult:
         config, cluster = self.config, self.placement.cluster
         peers = PeerWatchdog(cluster, config.collective_timeout) if cluster else None
-        self.stall_watch = stall.StallWatch(
-            config.stall_timeout, config.model_dir, self.state.global_step, self.fetched, self.eval_batches,
-            worker=cluster.task_index if cluster else 0, num_workers=cluster.num_workers if cluster else 1) \
-            if config.stall_timeout else None
+        self.stall_watch = (
+            stall.StallWatch(
+                config.stall_timeout,
+                config.model_dir,
+                self.state.global_step,
+                self.fetched,
+                self.eval_batches,
+                worker=cluster.task_index if cluster else 0,
+                num_workers=cluster.num_workers if cluster else 1,
+            )
+            if config.stall_timeout
+            else None
+        )
         restarts = os.environ.get(RESTARTS_ENV)
         if restarts and self.placement.is_chief:
             self.writers["train"].write_scalars(self.step, {"restarts": float(restarts)})
@@ -256,8 +317,9 @@ class _Run:
                 peers.start()
             with Watch(self.placement.strategy, self.placement.num_workers) as watch:
                 if self.step >= self.schedule.total_steps:
-                    self.progress.message(f"model_dir already holds step {self.step} of "
-                                          f"{self.schedule.total_steps}: nothing to train")
+                    self.progress.message(
+                        f"model_dir already holds step {self.step} of {self.schedule.total_steps}: nothing to train"
+                    )
                 self.iterator = iter(self.train_data)
                 if self.rollback is not None and self.checkpoint_path is None and self.step == 0:
                     self.save()  # something to roll back to before the first scheduled checkpoint
@@ -293,7 +355,8 @@ class _Run:
         raise Preempted(
             f"{signal_name or 'a signal to another worker'} at step {self.step}: checkpoint "
             f"{self.checkpoint_path or 'saved by the chief'}; rerun the same command to resume "
-            "(a second signal ends the run at once)")
+            "(a second signal ends the run at once)"
+        )
 
     def run_loop(self):
         """One compiled loop, then what is due after it: scalars, progress, eval, checkpoint."""
@@ -315,7 +378,8 @@ class _Run:
                 f"nothing saved after step {self.saved_step}"
                 + (f" ({self.checkpoint_path})" if self.checkpoint_path else "")
                 + (f"; {config.max_rollbacks} rollbacks made" if self.rollback is not None else "")
-                + "; lower --learning_rate, check the data, or use --on_nonfinite=skip or rollback")
+                + "; lower --learning_rate, check the data, or use --on_nonfinite=skip or rollback"
+            )
         self.train_metrics = ratios(result["totals"])
         for name in task.updater.summary_names:  # nan: that optimizer got no gradients in the loop
             if math.isnan(self.train_metrics.get(name, 0.0)):
@@ -323,21 +387,27 @@ class _Run:
         self.train_metrics.update(task.derived_metrics(self.train_metrics))
         self.skipped_steps += bad
         if bad:
-            self.progress.message(f"skipped {bad} of steps {step + 1}-{step + num_steps}: non-finite loss "
-                                  f"or gradient, weights and optimizer left as they were "
-                                  f"({self.skipped_steps} skipped in this run)")
+            self.progress.message(
+                f"skipped {bad} of steps {step + 1}-{step + num_steps}: non-finite loss "
+                f"or gradient, weights and optimizer left as they were "
+                f"({self.skipped_steps} skipped in this run)"
+            )
         self.step = step = step + num_steps
         if first_call:
             self.first_loop_seconds = time.perf_counter() - self.started
         examples_per_sec = num_steps * config.global_batch / seconds
-        self.writers["train"].write_scalars(step, {
-            **self.train_metrics,
-            **_update_scalars(task.updater, result),
-            "learning_rate": float(result["learning_rate"].numpy()),
-            "steps_per_sec": num_steps / seconds,
-            "examples_per_sec": examples_per_sec,
-            "loop_seconds": seconds,
-        }, every_loop=True)
+        self.writers["train"].write_scalars(
+            step,
+            {
+                **self.train_metrics,
+                **_update_scalars(task.updater, result),
+                "learning_rate": float(result["learning_rate"].numpy()),
+                "steps_per_sec": num_steps / seconds,
+                "examples_per_sec": examples_per_sec,
+                "loop_seconds": seconds,
+            },
+            every_loop=True,
+        )
         self.monitor.after_loop(step, first_call)
         self.last_result = result
         self.progress.update(step, self.train_metrics, examples_per_sec)
@@ -357,13 +427,25 @@ class _Run:
 
     def _result(self, export_path) -> RunResult:
         wall = time.perf_counter() - self.started
-        throughput = self.trained_examples / self.training_seconds if self.training_seconds else (
-            (self.step - self.start_step) * self.config.global_batch / max(wall, 1e-9))
+        throughput = (
+            self.trained_examples / self.training_seconds
+            if self.training_seconds
+            else ((self.step - self.start_step) * self.config.global_batch / max(wall, 1e-9))
+        )
         result = RunResult(
-            model_dir=self.config.model_dir, start_step=self.start_step, final_step=self.step,
-            eval_metrics=self.eval_metrics, train_metrics=self.train_metrics, train_examples_per_sec=throughput,
-            wall_seconds=wall, seconds_to_first_loop=self.first_loop_seconds or 0.0, export_path=export_path,
-            checkpoint_path=self.checkpoint_path, skipped_steps=self.skipped_steps, stopped_early=self.stop_reason)
+            model_dir=self.config.model_dir,
+            start_step=self.start_step,
+            final_step=self.step,
+            eval_metrics=self.eval_metrics,
+            train_metrics=self.train_metrics,
+            train_examples_per_sec=throughput,
+            wall_seconds=wall,
+            seconds_to_first_loop=self.first_loop_seconds or 0.0,
+            export_path=export_path,
+            checkpoint_path=self.checkpoint_path,
+            skipped_steps=self.skipped_steps,
+            stopped_early=self.stop_reason,
+        )
         if self.placement.is_chief:
             report.summary(result, self.out)
         return result
@@ -384,5 +466,4 @@ def _update_scalars(updater, result) -> dict:
     """Loss scale and updates skipped in the loop (overflows, bad steps), when loss scaling is on."""
     if not updater.loss_scaling:
         return {}
-    return {"loss_scale": _scalar(updater.loss_scale),
-            "skipped_updates": float(result["skipped_updates"].numpy())}
+    return {"loss_scale": _scalar(updater.loss_scale), "skipped_updates": float(result["skipped_updates"].numpy())}

@@ -1,9 +1,10 @@
 """Data: where examples come from and how they reach the replicas.
 
 Imports run one way (no cycles; tests/test_import_graph.py checks): formats, spec, readers are
-leaves; arrays, streams, task_data build on them (resident on arrays, into_memory on both); the source modules build on those; sources.py
-dispatches `--dataset` to them; pipelines.py distributes what a source gives. Nothing here imports
-the Task: the controller hands the Task's augmentation to the pipeline.
+leaves; arrays, streams, task_data build on them (resident on arrays, into_memory on both); the
+source modules build on those; sources.py dispatches `--dataset` to them; pipelines.py
+distributes what a source gives. Nothing here imports the Task: the controller hands the Task's
+augmentation to the pipeline.
 
   formats.py        normalisation, "A,B,C" shapes, the tf.data options of every pipeline
   spec.py           DataSpec: one example's feature and label specs, class count and names

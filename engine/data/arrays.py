@@ -31,8 +31,9 @@ class ArraySource:
 
     streamed = False
 
-    def __init__(self, name, where, x_train, y_train, x_test, y_test, num_classes=None, class_names=None,
-                 pad_label=None):
+    def __init__(
+        self, name, where, x_train, y_train, x_test, y_test, num_classes=None, class_names=None, pad_label=None
+    ):
         """`pad_label`: a label value that marks a padded position, not a class (e.g. -1 in the
         padded tail of a text window); exempt from the range check."""
         self.name, self.where = name, where
@@ -43,12 +44,16 @@ class ArraySource:
             num_classes = int(max(y_train.max(), y_test.max())) + 1
         if integer_labels:
             _check_label_range(where, y_train, y_test, num_classes, pad_label)
-        features, labels = _normalise(tf.zeros((1, *x_train.shape[1:]), x_train.dtype),
-                                      tf.zeros((1, *y_train.shape[1:]), y_train.dtype))
-        self.spec = DataSpec(tf.TensorSpec(features.shape[1:], features.dtype),
-                             tf.TensorSpec(labels.shape[1:], labels.dtype),
-                             num_classes if integer_labels else None, class_names,
-                             raw_features=tf.TensorSpec(x_train.shape[1:], tf.as_dtype(x_train.dtype)))
+        features, labels = _normalise(
+            tf.zeros((1, *x_train.shape[1:]), x_train.dtype), tf.zeros((1, *y_train.shape[1:]), y_train.dtype)
+        )
+        self.spec = DataSpec(
+            tf.TensorSpec(features.shape[1:], features.dtype),
+            tf.TensorSpec(labels.shape[1:], labels.dtype),
+            num_classes if integer_labels else None,
+            class_names,
+            raw_features=tf.TensorSpec(x_train.shape[1:], tf.as_dtype(x_train.dtype)),
+        )
 
     @property
     def num_train(self) -> int:
@@ -59,8 +64,11 @@ class ArraySource:
         return len(self.x_test)
 
     def sharding(self, num_pipelines: int) -> str:
-        return "in memory: each global batch split across replicas" if num_pipelines == 1 else (
-            "in memory: every worker draws the same global batches and keeps its replicas' slice")
+        return (
+            "in memory: each global batch split across replicas"
+            if num_pipelines == 1
+            else ("in memory: every worker draws the same global batches and keeps its replicas' slice")
+        )
 
     def preview(self, count: int):
         """The first `count` training examples, normalised, as NumPy (x, y)."""
@@ -70,8 +78,10 @@ class ArraySource:
     def test_batches(self, batch_size: int):
         """Every test example once, normalised NumPy (x, y) batches, on this host (no collective)."""
         for start in range(0, self.num_test, batch_size):
-            x, y = _normalise(tf.constant(self.x_test[start:start + batch_size]),
-                              tf.constant(self.y_test[start:start + batch_size]))
+            x, y = _normalise(
+                tf.constant(self.x_test[start : start + batch_size]),
+                tf.constant(self.y_test[start : start + batch_size]),
+            )
             yield x.numpy(), y.numpy()
 
     def train_dataset(self, global_batch, seed, skip_batches=0, augment=None):
@@ -87,25 +97,32 @@ class ArraySource:
 def _validate(where, x_train, y_train, x_test, y_test) -> None:
     for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
         if x.ndim < 2:
-            raise UserError(f"{where}: {split} features have shape {x.shape}, expected (N, ...) with "
-                            "one row per example")
+            raise UserError(
+                f"{where}: {split} features have shape {x.shape}, expected (N, ...) with one row per example"
+            )
         if x.shape[1:] != x_train.shape[1:]:
             raise UserError(f"{where}: test features are {x.shape[1:]}, train features {x_train.shape[1:]}")
         if len(y) != len(x) or y.shape[1:] != y_train.shape[1:]:
-            raise UserError(f"{where}: {split} labels have shape {y.shape}, expected ({len(x)},"
-                            f"{''.join(f' {d},' for d in y_train.shape[1:])[:-1] if y_train.ndim > 1 else ''})")
+            raise UserError(
+                f"{where}: {split} labels have shape {y.shape}, expected ({len(x)},"
+                f"{''.join(f' {d},' for d in y_train.shape[1:])[:-1] if y_train.ndim > 1 else ''})"
+            )
         if len(x) == 0:
             raise UserError(f"{where}: the {split} split is empty")
         for name, array in (("features", x), ("labels", y)):
-            if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
-                    or array.dtype == np.bool_):
+            if not (
+                np.issubdtype(array.dtype, np.integer)
+                or np.issubdtype(array.dtype, np.floating)
+                or array.dtype == np.bool_
+            ):
                 raise UserError(f"{where}: {split} {name} have dtype {array.dtype}; expected numbers")
     size = sum(a.nbytes for a in (x_train, y_train, x_test, y_test))
     if size > MAX_IN_MEMORY_BYTES:
         raise UserError(
             f"{where}: {size / 2**30:.1f} GiB is too large to train from memory (limit "
             f"{MAX_IN_MEMORY_BYTES / 2**30:.0f} GiB); write it to TFRecord shards with "
-            "`python -m engine.data.tfrecord` and use --dataset=tfrecord:GLOB (streamed)")
+            "`python -m engine.data.tfrecord` and use --dataset=tfrecord:GLOB (streamed)"
+        )
 
 
 def _check_label_range(where, y_train, y_test, num_classes, pad_label=None) -> None:
@@ -114,16 +131,19 @@ def _check_label_range(where, y_train, y_test, num_classes, pad_label=None) -> N
             y = y[y != pad_label]
         low, high = int(y.min()), int(y.max())
         if low < 0 or high >= num_classes:
-            raise UserError(f"{where}: {split} labels range over [{low}, {high}], expected "
-                            f"[0, {num_classes - 1}] (--num_classes={num_classes})")
+            raise UserError(
+                f"{where}: {split} labels range over [{low}, {high}], expected "
+                f"[0, {num_classes - 1}] (--num_classes={num_classes})"
+            )
 
 
 def epoch_order(num_examples: int, seed: int | None, epoch):
     """The example indices of epoch `epoch` (an int64 tensor): a permutation drawn from (seed, epoch)
     without state, so any epoch's order can be computed again (resume, rollback, input_mode=resident)."""
     return tf.random.experimental.stateless_shuffle(
-        tf.range(num_examples, dtype=tf.int32), seed=tf.stack([tf.constant(0 if seed is None else seed, tf.int64),
-                                                               tf.cast(epoch, tf.int64)]))
+        tf.range(num_examples, dtype=tf.int32),
+        seed=tf.stack([tf.constant(0 if seed is None else seed, tf.int64), tf.cast(epoch, tf.int64)]),
+    )
 
 
 def _index_batches(num_examples: int, global_batch: int, seed: int | None, skip_batches: int):
@@ -166,13 +186,15 @@ def gather_normalised(features, labels, global_batch, augment, dtypes=None, on_c
 def train_dataset(features, labels, global_batch: int, seed: int | None, skip_batches: int = 0, augment=None):
     """The endless training stream of GLOBAL batches; epoch k is the k-th reshuffle."""
     dataset = _index_batches(len(features), global_batch, seed, skip_batches)
-    dataset = dataset.map(gather_normalised(features, labels, global_batch, augment),
-                          num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.map(
+        gather_normalised(features, labels, global_batch, augment), num_parallel_calls=tf.data.AUTOTUNE
+    )
     return with_options(dataset.prefetch(tf.data.AUTOTUNE))
 
 
-def per_worker_train_dataset_fn(features, labels, global_batch: int, seed: int | None, skip_batches: int = 0,
-                                augment=None):
+def per_worker_train_dataset_fn(
+    features, labels, global_batch: int, seed: int | None, skip_batches: int = 0, augment=None
+):
     """For `strategy.distribute_datasets_from_function`: each worker's pipeline yields its own
     replicas' per-replica batches. It draws the same seeded global batches as `train_dataset`
     and keeps this worker's contiguous slice, so the replicas see exactly what they would see
@@ -185,9 +207,10 @@ def per_worker_train_dataset_fn(features, labels, global_batch: int, seed: int |
         gather = gather_normalised(features, labels, global_batch, augment)
 
         def this_workers_batches(batch_number, indices):
-            mine = tf.reshape(indices[start:start + local_replicas * per_replica], [local_replicas, per_replica])
-            rows = tf.reshape(tf.range(start, start + local_replicas * per_replica, dtype=tf.int64),
-                              [local_replicas, per_replica])
+            mine = tf.reshape(indices[start : start + local_replicas * per_replica], [local_replicas, per_replica])
+            rows = tf.reshape(
+                tf.range(start, start + local_replicas * per_replica, dtype=tf.int64), [local_replicas, per_replica]
+            )
             return tf.data.Dataset.from_tensor_slices((tf.fill([local_replicas], batch_number), mine, rows))
 
         dataset = _index_batches(len(features), global_batch, seed, skip_batches)

@@ -18,14 +18,33 @@ from engine.errors import UserError
 
 DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 # Label i's name (Fashion-MNIST's README); MNIST's labels are their own names.
-CLASS_NAMES = {"fashion_mnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
-                                 "Sneaker", "Bag", "Ankle boot")}
+CLASS_NAMES = {
+    "fashion_mnist": (
+        "T-shirt/top",
+        "Trouser",
+        "Pullover",
+        "Dress",
+        "Coat",
+        "Sandal",
+        "Shirt",
+        "Sneaker",
+        "Bag",
+        "Ankle boot",
+    )
+}
 
 
 def load_npz(path: str, config) -> ArraySource:
     arrays = readers.read_npz(path)
-    return ArraySource(f"npz:{path}", path, arrays["x_train"], arrays["y_train"], arrays["x_test"],
-                       arrays["y_test"], num_classes=config.num_classes or None)
+    return ArraySource(
+        f"npz:{path}",
+        path,
+        arrays["x_train"],
+        arrays["y_train"],
+        arrays["x_test"],
+        arrays["y_test"],
+        num_classes=config.num_classes or None,
+    )
 
 
 def _from_idx_dir(name: str, directory: str) -> ArraySource:
@@ -39,8 +58,7 @@ def _ten_classes(name, where, x_train, y_train, x_test, y_test) -> ArraySource:
     for split, x in (("train", x_train), ("test", x_test)):
         if x.ndim != 3:
             raise UserError(f"{where}: {split} images have shape {x.shape}, expected (N, height, width)")
-    return ArraySource(name, where, x_train, y_train, x_test, y_test, num_classes=10,
-                       class_names=CLASS_NAMES.get(name))
+    return ArraySource(name, where, x_train, y_train, x_test, y_test, num_classes=10, class_names=CLASS_NAMES.get(name))
 
 
 def _from_npz(name: str, path: str) -> ArraySource:
@@ -129,8 +147,9 @@ def synthetic_arrays(num_examples: int, seed: int, num_classes: int = 10, shape=
     if len(axes) == 1:
         shifts[:, 1] = 0
     # bright[5 * (dy + 2) + (dx + 2), label]: the label's template shifted by (dy, dx), as 0 or 120.
-    bright = np.stack([np.roll(templates, (dy, dx)[:len(axes)], axis=axes)
-                       for dy in range(-2, 3) for dx in range(-2, 3)]).astype(np.float32) * np.float32(120.0)
+    bright = np.stack(
+        [np.roll(templates, (dy, dx)[: len(axes)], axis=axes) for dy in range(-2, 3) for dx in range(-2, 3)]
+    ).astype(np.float32) * np.float32(120.0)
     shift_index = 5 * (shifts[:, 0] + 2) + (shifts[:, 1] + 2)
     images = np.empty((num_examples, *shape), dtype=np.uint8)
     for start in range(0, num_examples, SYNTHETIC_CHUNK):

@@ -1,9 +1,9 @@
 """Shape and format helpers every source shares (a leaf module: TensorFlow and errors only).
 
-  normalise_features / normalise_labels   the engine's one normalisation of raw examples
-  parse_shape                             "32,32,3" -> (32, 32, 3), with a one-line error
-  with_options                            the tf.data options of every pipeline the engine builds
-  augment_each                            a Task's per-example augmentation over a batch
+normalise_features / normalise_labels   the engine's one normalisation of raw examples
+parse_shape                             "32,32,3" -> (32, 32, 3), with a one-line error
+with_options                            the tf.data options of every pipeline the engine builds
+augment_each                            a Task's per-example augmentation over a batch
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ def normalise_features(x, batched: bool = True, on_cpu: bool = False):
     batch: ~25 us less, 6 % of an mlp step)."""
     if x.dtype == tf.uint8:
         if on_cpu:
-            x = tf.raw_ops.Dequantize(input=tf.bitcast(x, tf.quint8), min_range=0.0, max_range=1.0,
-                                      mode="MIN_COMBINED")
+            x = tf.raw_ops.Dequantize(input=tf.bitcast(x, tf.quint8), min_range=0.0, max_range=1.0, mode="MIN_COMBINED")
         else:
             x = tf.cast(x, tf.float32) * (1.0 / 255.0)
         return x[..., tf.newaxis] if x.shape.rank == 2 + batched else x
@@ -52,8 +51,9 @@ def parse_shape(text: str, flag: str) -> tuple:
 AUTOTUNE_PIPELINES = False
 
 
-def with_options(dataset: tf.data.Dataset, deterministic: bool = True,
-                 policy=tf.data.experimental.AutoShardPolicy.DATA) -> tf.data.Dataset:
+def with_options(
+    dataset: tf.data.Dataset, deterministic: bool = True, policy=tf.data.experimental.AutoShardPolicy.DATA
+) -> tf.data.Dataset:
     """The engine's options for every pipeline it builds: deterministic order, the auto-shard
     policy, and no tf.data autotuning (see engine/data/pipelines.py: deleting an autotuned iterator
     could block the process's exit for up to a minute; AUTOTUNE_PIPELINES)."""
@@ -67,5 +67,8 @@ def with_options(dataset: tf.data.Dataset, deterministic: bool = True,
 def augment_each(augment, x, y, positions):
     """A batch (x, y) with the Task's `augment(x, y, position)` applied to each example; `positions`
     are the examples' stream positions (int64), their seeds."""
-    return tf.map_fn(lambda example: augment(*example), (x, y, positions),
-                     fn_output_signature=(tf.TensorSpec(x.shape[1:], x.dtype), tf.TensorSpec(y.shape[1:], y.dtype)))
+    return tf.map_fn(
+        lambda example: augment(*example),
+        (x, y, positions),
+        fn_output_signature=(tf.TensorSpec(x.shape[1:], x.dtype), tf.TensorSpec(y.shape[1:], y.dtype)),
+    )

@@ -53,8 +53,11 @@ _MAGIC = (b"\x89PNG", b"\xff\xd8\xff")  # the first bytes of a PNG, of a JPEG
 
 
 def _class_folders(directory: str) -> list[str]:
-    return sorted(name for name in os.listdir(directory)
-                  if not name.startswith(".") and os.path.isdir(os.path.join(directory, name)))
+    return sorted(
+        name
+        for name in os.listdir(directory)
+        if not name.startswith(".") and os.path.isdir(os.path.join(directory, name))
+    )
 
 
 def _images_in(folder: str) -> list[str]:
@@ -62,8 +65,7 @@ def _images_in(folder: str) -> list[str]:
     found = []
     for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        found += [os.path.join(root, f) for f in files
-                  if not f.startswith(".") and f.lower().endswith(EXTENSIONS)]
+        found += [os.path.join(root, f) for f in files if not f.startswith(".") and f.lower().endswith(EXTENSIONS)]
     return sorted(found, key=lambda path: os.path.relpath(path, folder))
 
 
@@ -71,14 +73,15 @@ def _scan(directory: str) -> dict[str, list[str]]:
     """{class name: its image files} of a folder of class folders."""
     classes = _class_folders(directory)
     if not classes:
-        raise UserError(f"{directory} holds no class folders (--dataset=images:DIR expects "
-                        "DIR/<class>/*.png|jpg, or DIR/train/<class>/... and DIR/test/<class>/...)")
+        raise UserError(
+            f"{directory} holds no class folders (--dataset=images:DIR expects "
+            "DIR/<class>/*.png|jpg, or DIR/train/<class>/... and DIR/test/<class>/...)"
+        )
     files = {}
     for name in classes:
         files[name] = _images_in(os.path.join(directory, name))
         if not files[name]:
-            raise UserError(f"class folder {os.path.join(directory, name)} holds no images "
-                            f"({', '.join(EXTENSIONS)})")
+            raise UserError(f"class folder {os.path.join(directory, name)} holds no images ({', '.join(EXTENSIONS)})")
     return files
 
 
@@ -93,8 +96,9 @@ def split_by_hash(files: dict, fraction: float, root: str) -> tuple[dict, dict]:
     `root`) hashes first form the test split, round(fraction x n) of them, 1 <= that <= n-1 for n >= 2."""
     train, test = {}, {}
     for name, paths in files.items():
-        ordered = sorted(paths, key=lambda p: hashlib.sha256(
-            os.path.relpath(p, root).replace(os.sep, "/").encode()).hexdigest())
+        ordered = sorted(
+            paths, key=lambda p: hashlib.sha256(os.path.relpath(p, root).replace(os.sep, "/").encode()).hexdigest()
+        )
         held = min(max(int(fraction * len(paths) + 0.5), 1), len(paths) - 1) if len(paths) > 1 else 0
         test[name] = sorted(ordered[:held])
         train[name] = sorted(ordered[held:])
@@ -107,17 +111,22 @@ def _layout(directory: str, config) -> tuple[dict, dict, str]:
         raise UserError(f"--dataset=images:{directory}: no such directory")
     split = config.validation_split
     if not 0 <= split < 1:
-        raise UserError(f"--validation_split={split}: expected a fraction with 0 < F < 1 (0: use DIR/train "
-                        "and DIR/test)")
+        raise UserError(
+            f"--validation_split={split}: expected a fraction with 0 < F < 1 (0: use DIR/train and DIR/test)"
+        )
     train_dir, test_dir = os.path.join(directory, "train"), os.path.join(directory, "test")
     if os.path.isdir(train_dir) or os.path.isdir(test_dir):
         if split:
-            raise UserError(f"--validation_split={split} with {directory}/train and /test: the test split is "
-                            "given; drop --validation_split, or point DIR at one folder of class folders")
+            raise UserError(
+                f"--validation_split={split} with {directory}/train and /test: the test split is "
+                "given; drop --validation_split, or point DIR at one folder of class folders"
+            )
         if not (os.path.isdir(train_dir) and os.path.isdir(test_dir)):
             present, missing = (train_dir, test_dir) if os.path.isdir(train_dir) else (test_dir, train_dir)
-            raise UserError(f"--dataset=images:{directory} has {present} but no {missing}; give both, or "
-                            "one folder of class folders with --validation_split=F")
+            raise UserError(
+                f"--dataset=images:{directory} has {present} but no {missing}; give both, or "
+                "one folder of class folders with --validation_split=F"
+            )
         train, test = _scan(train_dir), _scan(test_dir)
         unknown = sorted(set(test) - set(train))
         if unknown:
@@ -125,8 +134,10 @@ def _layout(directory: str, config) -> tuple[dict, dict, str]:
         return train, test, f"{train_dir} (test {test_dir})"
     files = _scan(directory)
     if not split:
-        raise UserError(f"--dataset=images:{directory} has class folders but no train/ and test/ folders; "
-                        "pass --validation_split=F (e.g. 0.1) to hold out that fraction for evaluation")
+        raise UserError(
+            f"--dataset=images:{directory} has class folders but no train/ and test/ folders; "
+            "pass --validation_split=F (e.g. 0.1) to hold out that fraction for evaluation"
+        )
     train, test = split_by_hash(files, split, directory)
     return train, test, f"{directory} ({split:g} of each class held out for evaluation)"
 
@@ -174,8 +185,10 @@ def _example_shape(train: dict, test: dict, image_size: str) -> tuple:
     first, size = firsts[0], shapes[firsts[0]][:2]
     for path, shape in shapes.items():
         if shape[:2] != size:
-            raise UserError(f"{path} is {shape[0]}x{shape[1]} pixels but {first} is {size[0]}x{size[1]}; "
-                            "images must share one size, or pass --image_size=H,W to resize them")
+            raise UserError(
+                f"{path} is {shape[0]}x{shape[1]} pixels but {first} is {size[0]}x{size[1]}; "
+                "images must share one size, or pass --image_size=H,W to resize them"
+            )
     return (*size, channels)
 
 
@@ -193,9 +206,19 @@ def _decoder(shape: tuple, resize: bool):
         else:
             found = tf.shape(image)[:2]
             same = tf.reduce_all(found == (height, width))
-            with tf.control_dependencies([tf.debugging.Assert(
-                    same, [path, "has height, width", found, f"but the images are {height}x{width}; pass "
-                           "--image_size=H,W to resize them"])]):
+            with tf.control_dependencies(
+                [
+                    tf.debugging.Assert(
+                        same,
+                        [
+                            path,
+                            "has height, width",
+                            found,
+                            f"but the images are {height}x{width}; pass --image_size=H,W to resize them",
+                        ],
+                    )
+                ]
+            ):
                 image = to_float_image(image)
         return tf.ensure_shape(image, shape)
 
@@ -210,12 +233,14 @@ def load(directory: str, config) -> streams.StreamSource:
     shape = _example_shape(train, test, config.image_size)
     to_image = _decoder(shape, resize=bool(config.image_size))
     if config.cache:  # records hold the bytes, so the cache keeps them
+
         def read(path, label):
             return tf.data.Dataset.from_tensors((path, tf.io.read_file(path), label))
 
         def decode(path, contents, label):
             return to_image(path, contents), label
     else:  # records are paths: shuffling and skipping on resume touch no file
+
         def read(path, label):
             return tf.data.Dataset.from_tensors((path, label))
 
@@ -228,11 +253,18 @@ def load(directory: str, config) -> streams.StreamSource:
     raw = None if config.image_size else tf.TensorSpec(shape, tf.uint8)
     spec = DataSpec.classification(shape, len(class_names), class_names, raw_features=raw)
     return streams.StreamSource(
-        name=f"images:{directory}", where=where, train_units=train_units, test_units=test_units,
-        read=read, decode=decode, spec=spec,
+        name=f"images:{directory}",
+        where=where,
+        train_units=train_units,
+        test_units=test_units,
+        read=read,
+        decode=decode,
+        spec=spec,
         num_train=streams.check_not_empty(where, "train", len(train_units[0])),
         num_test=streams.check_not_empty(where, "test", len(test_units[0])),
-        shuffle_buffer=config.shuffle_buffer, cache=config.cache)
+        shuffle_buffer=config.shuffle_buffer,
+        cache=config.cache,
+    )
 
 
 # ---- checking every file ----
@@ -258,8 +290,9 @@ def bad_files(directory: str, image_size: str = "") -> list[str]:
 
 
 def main(argv=None, out=sys.stdout) -> int:
-    parser = argparse.ArgumentParser(description="Decode every image of an --dataset=images:DIR folder and "
-                                     "list those that would stop a run.")
+    parser = argparse.ArgumentParser(
+        description="Decode every image of an --dataset=images:DIR folder and list those that would stop a run."
+    )
     parser.add_argument("directory", help="DIR of --dataset=images:DIR")
     parser.add_argument("--image_size", default="", help="H,W as the run will use it (then sizes may differ)")
     args = parser.parse_args(argv)

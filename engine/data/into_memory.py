@@ -53,10 +53,20 @@ def read_whole(source) -> ArraySource:
     data would exceed the in-memory limit."""
     size = (source.num_train + source.num_test) * _example_bytes(source.spec)
     if size > MAX_IN_MEMORY_BYTES:
-        raise UserError(f"--input_mode=resident: {source.where} holds {source.num_train + source.num_test:,} "
-                        f"examples, {size / 2**30:.1f} GiB in memory, over the {MAX_IN_MEMORY_BYTES / 2**30:.0f} GiB "
-                        "limit of in-memory data; drop --input_mode to stream it")
+        raise UserError(
+            f"--input_mode=resident: {source.where} holds {source.num_train + source.num_test:,} "
+            f"examples, {size / 2**30:.1f} GiB in memory, over the {MAX_IN_MEMORY_BYTES / 2**30:.0f} GiB "
+            "limit of in-memory data; drop --input_mode to stream it"
+        )
     x_train, y_train = _read_split(source, "train")
     x_test, y_test = _read_split(source, "test")
-    return ArraySource(source.name, f"{source.where}, read into memory (--input_mode=resident)", x_train, y_train,
-                       x_test, y_test, num_classes=source.spec.num_classes, class_names=source.spec.class_names)
+    return ArraySource(
+        source.name,
+        f"{source.where}, read into memory (--input_mode=resident)",
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        num_classes=source.spec.num_classes,
+        class_names=source.spec.class_names,
+    )

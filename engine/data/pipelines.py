@@ -58,16 +58,19 @@ def distributed_train_data(strategy, source, config, seed: int, skip_batches: in
     mode = resolved_input_mode(config, source, augmented=augment is not None)
     if mode == "streamed":
         return strategy.distribute_datasets_from_function(
-            source.train_dataset_fn(config.global_batch, seed, skip_batches, augment))
+            source.train_dataset_fn(config.global_batch, seed, skip_batches, augment)
+        )
     if mode == "resident":
         return resident.ResidentTrainData(strategy, source, config.global_batch, seed, skip_batches, augment)
     if mode == "per_worker":
         return strategy.distribute_datasets_from_function(
-            source.per_worker_train_dataset_fn(config.global_batch, seed, skip_batches, augment))
+            source.per_worker_train_dataset_fn(config.global_batch, seed, skip_batches, augment)
+        )
     if mode != "distribute_dataset":
         raise UserError(f"unknown --input_mode={config.input_mode!r}; valid: {', '.join(INPUT_MODES)}")
     return strategy.experimental_distribute_dataset(
-        source.train_dataset(config.global_batch, seed, skip_batches, augment))
+        source.train_dataset(config.global_batch, seed, skip_batches, augment)
+    )
 
 
 def distributed_eval_data(strategy, source, config):
@@ -81,7 +84,5 @@ def distributed_eval_data(strategy, source, config):
 def steps_per_epoch(source, global_batch: int) -> int:
     steps = source.num_train // global_batch
     if steps == 0:
-        raise UserError(
-            f"--global_batch={global_batch} is larger than the {source.num_train} training examples"
-        )
+        raise UserError(f"--global_batch={global_batch} is larger than the {source.num_train} training examples")
     return steps

@@ -61,9 +61,7 @@ def read_idx(path: str, expected_ndim: int | None = None) -> np.ndarray:
     actual = len(data) - header
     if actual != expected:
         kind = "truncated" if actual < expected else "too long"
-        raise UserError(
-            f"{path}: {kind}: header says shape {shape} ({expected} bytes of data), file has {actual}"
-        )
+        raise UserError(f"{path}: {kind}: header says shape {shape} ({expected} bytes of data), file has {actual}")
     return np.frombuffer(data, dtype=dtype, offset=header).reshape(shape)
 
 
@@ -91,9 +89,7 @@ def read_idx_split(directory: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     images = read_idx(paths[0], expected_ndim=3)
     labels = read_idx(paths[1], expected_ndim=1)
     if len(images) != len(labels):
-        raise UserError(
-            f"{directory}: {split} split has {len(images)} images but {len(labels)} labels"
-        )
+        raise UserError(f"{directory}: {split} split has {len(images)} images but {len(labels)} labels")
     return images, labels
 
 
@@ -105,8 +101,7 @@ def read_npz(path: str, what: str = "an npz data set") -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as npz:
             missing = {"x_train", "y_train", "x_test", "y_test"} - set(npz.files)
             if missing:
-                raise UserError(f"{path}: not {what}, missing arrays {sorted(missing)} "
-                                f"(it has {sorted(npz.files)})")
+                raise UserError(f"{path}: not {what}, missing arrays {sorted(missing)} (it has {sorted(npz.files)})")
             return {k: npz[k] for k in ("x_train", "y_train", "x_test", "y_test")}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
         raise UserError(f"cannot read {path} as a .npz file: {err}") from None

@@ -44,8 +44,9 @@ class ResidentTrainData:
         with strategy.scope():  # mirrored: each replica reads its own device's copy
             features = tf.Variable(arrays[0], trainable=False, name="resident_features")
             labels = tf.Variable(arrays[1], trainable=False, name="resident_labels")
-        self.gather = gather_normalised(features, labels, global_batch, augment, dtypes,
-                                        on_cpu="CPU" in features.device.upper())
+        self.gather = gather_normalised(
+            features, labels, global_batch, augment, dtypes, on_cpu="CPU" in features.device.upper()
+        )
 
     def __iter__(self):
         return ResidentIterator(self, self.skip_batches)

@@ -38,17 +38,24 @@ def load_for_task(config, task_class):
     if own is None:
         return load(config, parse_example=task_class.parse_example)
     if config.cache:
-        raise UserError(f"--cache applies to streamed --dataset sources, but {task_class.__name__}.datasets() "
-                        "builds its own tf.data pipelines: cache in them (Dataset.cache) and drop --cache")
+        raise UserError(
+            f"--cache applies to streamed --dataset sources, but {task_class.__name__}.datasets() "
+            "builds its own tf.data pipelines: cache in them (Dataset.cache) and drop --cache"
+        )
     if config.input_mode == "resident":
-        raise UserError(f"--input_mode=resident reads a --dataset into memory, but {task_class.__name__}.datasets() "
-                        "builds its own tf.data pipelines, which the engine streams: drop --input_mode")
+        raise UserError(
+            f"--input_mode=resident reads a --dataset into memory, but {task_class.__name__}.datasets() "
+            "builds its own tf.data pipelines, which the engine streams: drop --input_mode"
+        )
     return TaskSource(task_class.__name__, own)
 
 
 # --dataset=NAME: the built-in in-memory sets (engine/data/builtin.py), by name.
-BUILTIN = {"mnist": builtin.load_mnist, "fashion_mnist": builtin.load_fashion_mnist,
-           "synthetic": builtin.load_synthetic}
+BUILTIN = {
+    "mnist": builtin.load_mnist,
+    "fashion_mnist": builtin.load_fashion_mnist,
+    "synthetic": builtin.load_synthetic,
+}
 assert tuple(BUILTIN) == DATASETS, "engine/config.py DATASETS and BUILTIN must name the same sets"
 
 # --dataset=KIND:ARGUMENT -> loader(argument, config, parse_example), each in its own module.
@@ -69,12 +76,16 @@ def load(config, parse_example=None):
     _check_source_options(config, kind if colon else None)
     if not colon:
         if kind not in BUILTIN:
-            raise UserError(f"unknown --dataset={config.dataset!r}; valid: {', '.join(DATASETS)}, or "
-                            f"{', '.join(k + ':...' for k in SOURCE_KINDS)}")
+            raise UserError(
+                f"unknown --dataset={config.dataset!r}; valid: {', '.join(DATASETS)}, or "
+                f"{', '.join(k + ':...' for k in SOURCE_KINDS)}"
+            )
         source = BUILTIN[kind](config)
     elif kind not in SOURCE_KINDS or not argument:
-        raise UserError(f"--dataset={config.dataset!r}: expected one of {', '.join(DATASETS)} or "
-                        "npz:PATH, tfrecord:TRAIN_GLOB[,TEST_GLOB], images:DIR, tfds:NAME[:CONFIG], text:PATH")
+        raise UserError(
+            f"--dataset={config.dataset!r}: expected one of {', '.join(DATASETS)} or "
+            "npz:PATH, tfrecord:TRAIN_GLOB[,TEST_GLOB], images:DIR, tfds:NAME[:CONFIG], text:PATH"
+        )
     else:
         source = SOURCE_KINDS[kind](argument, config, parse_example)
     _check_options(config, source)
@@ -92,11 +103,12 @@ def _check_source_options(config, kind) -> None:
             shown = f"--{name}" if value is True else f"--{name}={value}"
             raise UserError(f"{shown} applies to {applies} only, not --dataset={config.dataset}; drop it")
     if config.cache and config.input_mode == "resident":
-        raise UserError(f"--cache with --input_mode=resident: --dataset={config.dataset} is read into memory once "
-                        "at start-up, so there is nothing left to cache; drop --cache")
+        raise UserError(
+            f"--cache with --input_mode=resident: --dataset={config.dataset} is read into memory once "
+            "at start-up, so there is nothing left to cache; drop --cache"
+        )
 
 
 def _check_options(config, source) -> None:
     if config.num_classes and source.spec.num_classes not in (None, config.num_classes):
-        raise UserError(f"--num_classes={config.num_classes} but {source.where} has "
-                        f"{source.spec.num_classes} classes")
+        raise UserError(f"--num_classes={config.num_classes} but {source.where} has {source.spec.num_classes} classes")

@@ -28,16 +28,26 @@ class DataSpec:
 
     @classmethod
     def classification(cls, input_shape, num_classes: int, class_names=None, raw_features=None) -> "DataSpec":
-        return cls(tf.TensorSpec(tuple(input_shape), tf.float32), tf.TensorSpec((), tf.int32),
-                   num_classes, tuple(class_names) if class_names else None, raw_features)
+        return cls(
+            tf.TensorSpec(tuple(input_shape), tf.float32),
+            tf.TensorSpec((), tf.int32),
+            num_classes,
+            tuple(class_names) if class_names else None,
+            raw_features,
+        )
 
     @classmethod
     def of(cls, element_spec, num_classes=None, class_names=None, raw_features=None) -> "DataSpec":
         """From a tf.data element_spec of (features, labels) examples (unbatched); `raw_features`:
         one example before normalisation, when the source knows it."""
         features, labels = element_spec
-        return cls(tf.TensorSpec(features.shape, features.dtype), tf.TensorSpec(labels.shape, labels.dtype),
-                   num_classes, tuple(class_names) if class_names else None, raw_features)
+        return cls(
+            tf.TensorSpec(features.shape, features.dtype),
+            tf.TensorSpec(labels.shape, labels.dtype),
+            num_classes,
+            tuple(class_names) if class_names else None,
+            raw_features,
+        )
 
     @property
     def input_shape(self) -> tuple:
@@ -55,5 +65,7 @@ class DataSpec:
         if self.class_names:
             shown = self.class_names[:10]
             classes += f" ({', '.join(shown)}{', ...' if len(self.class_names) > len(shown) else ''})"
-        return (f"{kind} {self.input_shape} {self.features.dtype.name}, labels {tuple(self.labels.shape)} "
-                f"{self.labels.dtype.name}{classes}")
+        return (
+            f"{kind} {self.input_shape} {self.features.dtype.name}, labels {tuple(self.labels.shape)} "
+            f"{self.labels.dtype.name}{classes}"
+        )

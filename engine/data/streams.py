@@ -8,7 +8,8 @@ pipelines:
 
 Training, per input pipeline (one per worker):
     units of this pipeline (sharded, see below) -> epoch e: units in a (seed, e) order ->
-    interleave(read, READ_BLOCK records of each unit in turn, deterministic) -> shuffle(--shuffle_buffer, seed (seed, e)) -> endless
+    interleave(read, READ_BLOCK records of each unit in turn, deterministic)
+    -> shuffle(--shuffle_buffer, seed (seed, e)) -> endless
     -> skip(records already trained, on resume: raw records, nothing decoded)
     -> decode (+ the Task's augmentation, seeded by the record's stream position)
     -> batch(per-replica batch) -> prefetch
@@ -55,8 +56,22 @@ class StreamSource:
 
     streamed = True
 
-    def __init__(self, *, name, where, train_units, test_units, read, decode, spec, num_train, num_test,
-                 shuffle_buffer=DEFAULT_SHUFFLE_BUFFER, cache=False, decode_batch=None):
+    def __init__(
+        self,
+        *,
+        name,
+        where,
+        train_units,
+        test_units,
+        read,
+        decode,
+        spec,
+        num_train,
+        num_test,
+        shuffle_buffer=DEFAULT_SHUFFLE_BUFFER,
+        cache=False,
+        decode_batch=None,
+    ):
         """`decode_batch(records) -> (features, labels)`: optional, `decode` over a batch of records
         (a 1-D tensor of them) in one call, giving exactly what per-record decoding gives."""
         self.name, self.where, self.spec = name, where, spec
@@ -67,7 +82,7 @@ class StreamSource:
 
     @staticmethod
     def _policy(units, pipelines: int) -> str:
-        """"one" (a single pipeline), "FILE" (enough units for each pipeline its own) or "DATA"."""
+        """ "one" (a single pipeline), "FILE" (enough units for each pipeline its own) or "DATA"."""
         if pipelines == 1:
             return "one"
         return "FILE" if len(tf.nest.flatten(units)[0]) >= pipelines else "DATA"
@@ -93,8 +108,9 @@ class StreamSource:
         gives shards written round-robin back in their original order)."""
         dataset = tf.data.Dataset.from_tensor_slices(units)
         read = self.read if block == 1 else lambda *unit: self.read(*unit).batch(block)
-        dataset = dataset.interleave(read, cycle_length=CYCLE_LENGTH, num_parallel_calls=tf.data.AUTOTUNE,
-                                     deterministic=True)
+        dataset = dataset.interleave(
+            read, cycle_length=CYCLE_LENGTH, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+        )
         dataset = dataset if block == 1 else dataset.unbatch()
         return dataset.shard(pipelines, pipeline) if by_data else dataset
 
@@ -113,7 +129,8 @@ class StreamSource:
                     records = cached
                 else:
                     order = tf.random.experimental.stateless_shuffle(
-                        tf.range(count, dtype=tf.int32), seed=tf.stack([tf.constant(seed, tf.int64), e]))
+                        tf.range(count, dtype=tf.int32), seed=tf.stack([tf.constant(seed, tf.int64), e])
+                    )
                     shuffled = tf.nest.map_structure(lambda u: tf.gather(u, order), units)
                     records = self._records(shuffled, by_data, pipeline, pipelines, READ_BLOCK)
                 return records.shuffle(self.shuffle_buffer, seed=epoch_seed(seed, e))
@@ -122,8 +139,7 @@ class StreamSource:
             start = skip_batches * local_batch  # records already trained: skipped raw, nothing decoded
             records = records.skip(start) if start else records
             dataset = self._decoded_batches(records, start, per_replica, augment, pipeline)
-            return with_options(dataset.prefetch(tf.data.AUTOTUNE),
-                                policy=tf.data.experimental.AutoShardPolicy.OFF)
+            return with_options(dataset.prefetch(tf.data.AUTOTUNE), policy=tf.data.experimental.AutoShardPolicy.OFF)
 
         return dataset_fn
 
@@ -136,10 +152,13 @@ class StreamSource:
         offset = tf.constant(pipeline, tf.int64) * (1 << 40)  # positions distinct across pipelines
 
         if self.decode_batch is not None:
+
             def decode_batch(positions, records):
                 return augment_each(augment, *self.decode_batch(records), positions + offset)
 
-            return records.batch(per_replica, drop_remainder=True).map(decode_batch, num_parallel_calls=tf.data.AUTOTUNE)
+            return records.batch(per_replica, drop_remainder=True).map(
+                decode_batch, num_parallel_calls=tf.data.AUTOTUNE
+            )
 
         def decode(position, record):  # tuple records as separate arguments, as Dataset.map passes them
             x, y = self.decode(*record) if isinstance(record, tuple) else self.decode(record)
@@ -155,8 +174,10 @@ class StreamSource:
             dataset = self._records(units, by_data, pipeline, pipelines)
             if self.cache:
                 dataset = dataset.cache()  # raw records of the test split, kept after the first eval
-            return with_options(self._batched(dataset, per_replica).prefetch(tf.data.AUTOTUNE),
-                                policy=tf.data.experimental.AutoShardPolicy.OFF)
+            return with_options(
+                self._batched(dataset, per_replica).prefetch(tf.data.AUTOTUNE),
+                policy=tf.data.experimental.AutoShardPolicy.OFF,
+            )
 
         return dataset_fn
 
@@ -164,8 +185,11 @@ class StreamSource:
         """Raw records in order -> decoded batches (the last one partial unless drop_remainder)."""
         if self.decode_batch is not None:
             return records.batch(batch_size, drop_remainder=drop_remainder).map(
-                self.decode_batch, num_parallel_calls=tf.data.AUTOTUNE)
-        return records.map(self.decode, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size, drop_remainder=drop_remainder)
+                self.decode_batch, num_parallel_calls=tf.data.AUTOTUNE
+            )
+        return records.map(self.decode, num_parallel_calls=tf.data.AUTOTUNE).batch(
+            batch_size, drop_remainder=drop_remainder
+        )
 
     def decoded_batches(self, split: str, batch_size: int):
         """Every example of `split` ("train" or "test") once, in file order, as decoded NumPy (x, y)

@@ -92,7 +92,7 @@ def windows(tokens: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     targets = len(tokens) - 1  # every token but the first is predicted once
     n = -(-targets // seq_len)
     padded = np.zeros(n * seq_len + 1, np.int32)
-    padded[:len(tokens)] = tokens
+    padded[: len(tokens)] = tokens
     starts = np.arange(n)[:, None] * seq_len
     features = padded[starts + np.arange(seq_len)]
     labels = padded[starts + 1 + np.arange(seq_len)]
@@ -108,15 +108,22 @@ def split(tokens: np.ndarray, seq_len: int, where: str):
         raise UserError(
             f"--dataset=text: {where} has {len(tokens)} bytes: --seq_len={seq_len} is too large for it "
             f"(the training split, {len(train)} bytes, needs at least seq_len + 1 = {seq_len + 1}, and the "
-            f"test split ({TEST_FRACTION:.0%}) at least 2); use a smaller --seq_len or more text")
+            f"test split ({TEST_FRACTION:.0%}) at least 2); use a smaller --seq_len or more text"
+        )
     return train, test
 
 
 def load(argument: str, config) -> ArraySource:
     tokens, where = read_bytes(argument)
     train, test = split(tokens, config.seq_len, where)
-    return ArraySource(f"text:{argument}", where, *windows(train, config.seq_len), *windows(test, config.seq_len),
-                       num_classes=VOCABULARY, pad_label=PAD_LABEL)
+    return ArraySource(
+        f"text:{argument}",
+        where,
+        *windows(train, config.seq_len),
+        *windows(test, config.seq_len),
+        num_classes=VOCABULARY,
+        pad_label=PAD_LABEL,
+    )
 
 
 def unigram_perplexity(train_tokens: np.ndarray, test_tokens: np.ndarray) -> float:

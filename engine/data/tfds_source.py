@@ -33,17 +33,21 @@ def _import_tfds():
     try:
         import tensorflow_datasets as tfds
     except ImportError as err:
-        raise UserError(f"--dataset=tfds:... needs TensorFlow Datasets, which is not installed ({err}); "
-                        'install the extra: pip install -e ".[tfds]"') from None
+        raise UserError(
+            f"--dataset=tfds:... needs TensorFlow Datasets, which is not installed ({err}); "
+            'install the extra: pip install -e ".[tfds]"'
+        ) from None
     return tfds
 
 
 def prepare_hint(name: str, config: str, data_dir: str) -> str:
     """The command that prepares NAME[:CONFIG] into data_dir (run where there is internet)."""
     config_arg = f", config='{config}'" if config else ""
-    return (f"run `python -c \"import tensorflow_datasets as tfds; tfds.builder('{name}'{config_arg}, "
-            f"data_dir='{data_dir}').download_and_prepare()\"` on a machine with internet, then copy {data_dir} "
-            "to this machine")
+    return (
+        f"run `python -c \"import tensorflow_datasets as tfds; tfds.builder('{name}'{config_arg}, "
+        f"data_dir='{data_dir}').download_and_prepare()\"` on a machine with internet, then copy {data_dir} "
+        "to this machine"
+    )
 
 
 def prepared(data_dir: str) -> list:
@@ -73,12 +77,18 @@ def _builder(tfds, name: str, config: str, data_dir: str, flag: str):
             held = prepared(data_dir)
             configs = sorted({p.split("/")[1] for p in held if p.startswith(name + "/") and p.count("/") == 2})
             if not config and configs:  # TFDS picks the default config only with NAME/.config (not copied)
-                raise UserError(f"{flag}: name the config of {name} prepared under {data_dir}: "
-                                f"{', '.join(f'tfds:{name}:{c}' for c in configs)}") from None
-            raise UserError(f"{flag}: {full} is not prepared under {data_dir} (which holds: "
-                            f"{_listed(held)}); {prepare_hint(name, config, data_dir)}") from None
-        raise UserError(f"{flag}: unknown TFDS data set {name!r}: not in the TFDS catalogue and not prepared "
-                        f"under {data_dir} (which holds: {_listed(prepared(data_dir))})") from None
+                raise UserError(
+                    f"{flag}: name the config of {name} prepared under {data_dir}: "
+                    f"{', '.join(f'tfds:{name}:{c}' for c in configs)}"
+                ) from None
+            raise UserError(
+                f"{flag}: {full} is not prepared under {data_dir} (which holds: "
+                f"{_listed(held)}); {prepare_hint(name, config, data_dir)}"
+            ) from None
+        raise UserError(
+            f"{flag}: unknown TFDS data set {name!r}: not in the TFDS catalogue and not prepared "
+            f"under {data_dir} (which holds: {_listed(prepared(data_dir))})"
+        ) from None
     except Exception as err:  # e.g. an unknown config of a catalogue builder, a corrupt dataset_info.json
         message = str(err).strip().splitlines()[0][:240] if str(err).strip() else type(err).__name__
         if config and "BuilderConfig" in message:
@@ -86,8 +96,7 @@ def _builder(tfds, name: str, config: str, data_dir: str, flag: str):
             message = f"it has no config {config!r}; its configs: {', '.join(configs[:20]) or 'none'}"
         raise UserError(f"{flag}: TFDS cannot open {full} in {data_dir}: {message}") from None
     if not builder.is_prepared():
-        raise UserError(f"{flag}: {full} is not prepared in {builder.data_dir}; "
-                        f"{prepare_hint(name, config, data_dir)}")
+        raise UserError(f"{flag}: {full} is not prepared in {builder.data_dir}; {prepare_hint(name, config, data_dir)}")
     return builder
 
 
@@ -100,11 +109,14 @@ def _supervised_keys(info, where: str):
     keys = info.supervised_keys
     features = sorted(info.features.keys())
     if not keys:
-        raise UserError(f"{where}: the builder has no supervised_keys (no (features, label) pair); its "
-                        f"features are {features}")
+        raise UserError(
+            f"{where}: the builder has no supervised_keys (no (features, label) pair); its features are {features}"
+        )
     if len(keys) != 2 or not all(isinstance(key, str) for key in keys):
-        raise UserError(f"{where}: supervised_keys {keys!r} is not one (feature, label) pair of feature "
-                        f"names; its features are {features}")
+        raise UserError(
+            f"{where}: supervised_keys {keys!r} is not one (feature, label) pair of feature "
+            f"names; its features are {features}"
+        )
     return keys
 
 
@@ -115,17 +127,21 @@ def _check_numeric(feature, key: str, where: str) -> None:
     except (TypeError, ValueError):
         dtype = None
     if dtype is None or not (dtype.is_integer or dtype.is_floating or dtype.is_bool):
-        raise UserError(f"{where}: supervised key {key!r} is {type(feature).__name__} "
-                        f"({getattr(dtype, 'name', 'nested')}); the engine trains on numbers (images, "
-                        "vectors, class ids)")
+        raise UserError(
+            f"{where}: supervised key {key!r} is {type(feature).__name__} "
+            f"({getattr(dtype, 'name', 'nested')}); the engine trains on numbers (images, "
+            "vectors, class ids)"
+        )
 
 
 def _units(info, split: str, where: str) -> np.ndarray:
     files = [os.fspath(path) for path in info.splits[split].filepaths]
     missing = [path for path in files if not tf.io.gfile.exists(path)]
     if not files or missing:
-        raise UserError(f"{where}: the {split} split's shard {missing[0] if missing else '(none listed)'} is "
-                        f"missing ({len(missing)} of {len(files)} files); copy the prepared directory whole")
+        raise UserError(
+            f"{where}: the {split} split's shard {missing[0] if missing else '(none listed)'} is "
+            f"missing ({len(missing)} of {len(files)} files); copy the prepared directory whole"
+        )
     return np.array(files)
 
 
@@ -141,8 +157,10 @@ def load(argument: str, config) -> streams.StreamSource:
     info = builder.info
     where = f"TFDS {info.full_name} in {data_dir}"
     if _file_format(info) != "tfrecord":
-        raise UserError(f"{where}: prepared as {_file_format(info)} files; the engine streams TFRecord: "
-                        f"prepare it with download_and_prepare(file_format='tfrecord')")
+        raise UserError(
+            f"{where}: prepared as {_file_format(info)} files; the engine streams TFRecord: "
+            f"prepare it with download_and_prepare(file_format='tfrecord')"
+        )
     splits = sorted(info.splits.keys())
     test_split = next((s for s in TEST_SPLITS if s in info.splits), None)
     if "train" not in info.splits or test_split is None:
@@ -169,17 +187,30 @@ def load(argument: str, config) -> streams.StreamSource:
     x_spec, y_spec = tf.data.TFRecordDataset(train_units[:1]).map(decode).element_spec
     raw = tf.data.TFRecordDataset(train_units[:1]).map(decode_raw).element_spec[0]
     if x_spec.shape.num_elements() is None:
-        raise UserError(f"{where}: feature {x_key!r} has shape {x_spec.shape}; every example must have the same "
-                        "shape (e.g. an Image feature with a fixed shape)")
+        raise UserError(
+            f"{where}: feature {x_key!r} has shape {x_spec.shape}; every example must have the same "
+            "shape (e.g. an Image feature with a fixed shape)"
+        )
     label = features[y_key]
     num_classes = getattr(label, "num_classes", None) or config.num_classes or None
     if y_spec.dtype.is_integer and num_classes is None:
         raise UserError(f"{where}: label {y_key!r} is not a ClassLabel; give --num_classes")
-    spec = DataSpec.of((x_spec, y_spec), num_classes if y_spec.dtype.is_integer else None,
-                       getattr(label, "names", None), raw_features=tf.TensorSpec(raw.shape, raw.dtype))
+    spec = DataSpec.of(
+        (x_spec, y_spec),
+        num_classes if y_spec.dtype.is_integer else None,
+        getattr(label, "names", None),
+        raw_features=tf.TensorSpec(raw.shape, raw.dtype),
+    )
     return streams.StreamSource(
-        name=f"tfds:{argument}", where=where, train_units=train_units, test_units=test_units,
-        read=tf.data.TFRecordDataset, decode=decode, spec=spec,
+        name=f"tfds:{argument}",
+        where=where,
+        train_units=train_units,
+        test_units=test_units,
+        read=tf.data.TFRecordDataset,
+        decode=decode,
+        spec=spec,
         num_train=streams.check_not_empty(where, "train", info.splits["train"].num_examples),
         num_test=streams.check_not_empty(where, test_split, info.splits[test_split].num_examples),
-        shuffle_buffer=config.shuffle_buffer, cache=config.cache)
+        shuffle_buffer=config.shuffle_buffer,
+        cache=config.cache,
+    )

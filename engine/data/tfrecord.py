@@ -54,10 +54,14 @@ def _default_schema(path: str, image_size: str = ""):
     if "label" not in features or ("image" not in features and "x" not in features):
         raise UserError(
             f"{path}: records have features {sorted(features)}; the default schema needs 'label' and "
-            "'image' (encoded PNG/JPEG) or 'x' (serialized tensor); or give the Task a parse_example")
+            "'image' (encoded PNG/JPEG) or 'x' (serialized tensor); or give the Task a parse_example"
+        )
     label = features["label"]
-    label_dtype, label_len = ((tf.int64, len(label.int64_list.value)) if label.WhichOneof("kind") == "int64_list"
-                              else (tf.float32, len(label.float_list.value)))
+    label_dtype, label_len = (
+        (tf.int64, len(label.int64_list.value))
+        if label.WhichOneof("kind") == "int64_list"
+        else (tf.float32, len(label.float_list.value))
+    )
     label_shape = () if label_len == 1 else (label_len,)
     spec = {"label": tf.io.FixedLenFeature(label_shape, label_dtype)}
     if "image" in features:
@@ -73,8 +77,9 @@ def _default_schema(path: str, image_size: str = ""):
 
         to_features_batch = _one_by_one(to_features, shape, tf.float32 if size else tf.uint8)  # one image per call
     elif image_size:
-        raise UserError(f"--image_size={image_size}: the records of {path} hold 'x' tensors, not encoded "
-                        "images; drop --image_size")
+        raise UserError(
+            f"--image_size={image_size}: the records of {path} hold 'x' tensors, not encoded images; drop --image_size"
+        )
     else:
         key = "x"
         first = features["x"].bytes_list.value[0]
@@ -90,7 +95,9 @@ def _default_schema(path: str, image_size: str = ""):
 
     def decode(serialized):
         parsed = tf.io.parse_single_example(serialized, spec)
-        return normalise_features(to_features(parsed[key]), batched=False, on_cpu=True), normalise_labels(parsed["label"])
+        return normalise_features(to_features(parsed[key]), batched=False, on_cpu=True), normalise_labels(
+            parsed["label"]
+        )
 
     def decode_batch(serialized):
         parsed = tf.io.parse_example(serialized, spec)
@@ -108,13 +115,15 @@ def _serialized_tensors_decoder(path, first: bytes, proto, dtype, shape, to_feat
     size = int(np.prod(shape, dtype=np.int64)) * dtype.size
     if not proto.tensor_content or dtype not in _RAW_DTYPES or len(first) <= size:
         return _one_by_one(to_features, shape, dtype)
-    header = first[:len(first) - size]
+    header = first[: len(first) - size]
 
     def to_features_batch(values):
         same = tf.reduce_all(tf.equal(tf.strings.substr(values, 0, len(header)), header)) & tf.reduce_all(
-            tf.equal(tf.strings.length(values), len(first)))
-        check = tf.debugging.Assert(same, [f"{path}: a record's 'x' is not a {dtype.name} tensor of shape "
-                                           f"{shape} like the first record's"])
+            tf.equal(tf.strings.length(values), len(first))
+        )
+        check = tf.debugging.Assert(
+            same, [f"{path}: a record's 'x' is not a {dtype.name} tensor of shape {shape} like the first record's"]
+        )
         with tf.control_dependencies([check]):
             flat = tf.io.decode_raw(tf.strings.substr(values, len(header), size), dtype)
         return tf.reshape(flat, [-1, *shape])
@@ -162,8 +171,10 @@ def load(argument: str, config, parse_example=None) -> streams.StreamSource:
     label_feature = raw = decode_batch = None  # a Task's parse_example: its raw form is the Task's own
     if parse_example is not None:
         if config.image_size:
-            raise UserError(f"--image_size={config.image_size}: the Task's parse_example decodes {where}; "
-                            "resize there, or drop --image_size")
+            raise UserError(
+                f"--image_size={config.image_size}: the Task's parse_example decodes {where}; "
+                "resize there, or drop --image_size"
+            )
         decode = parse_example
     else:
         decode, decode_batch, label_feature, raw = _default_schema(train_files[0], config.image_size)
@@ -176,21 +187,30 @@ def load(argument: str, config, parse_example=None) -> streams.StreamSource:
         num_classes = num_classes or max(train_scan[2], test_scan[2]) + 1
         for split, (_, low, high) in zip(("train", "test"), (train_scan, test_scan)):
             if low < 0 or high >= num_classes:
-                raise UserError(f"{where}: {split} labels range over [{low}, {high}], expected "
-                                f"[0, {num_classes - 1}]")
+                raise UserError(f"{where}: {split} labels range over [{low}, {high}], expected [0, {num_classes - 1}]")
     element = tf.data.TFRecordDataset(train_files[:1]).map(decode).element_spec
     if not (isinstance(element, tuple) and len(element) == 2):
         raise UserError(f"--dataset=tfrecord: parse_example must return (features, label), got {element}")
     spec = DataSpec.of(element, num_classes if element[1].dtype.is_integer else None, raw_features=raw)
     if spec.features.shape.num_elements() is None:
-        raise UserError(f"{where}: features have an unknown shape {spec.features.shape}; every example "
-                        "must have the same shape (resize images when writing them, or in parse_example)")
+        raise UserError(
+            f"{where}: features have an unknown shape {spec.features.shape}; every example "
+            "must have the same shape (resize images when writing them, or in parse_example)"
+        )
     return streams.StreamSource(
-        name=f"tfrecord:{argument}", where=where, train_units=train_files, test_units=test_files,
-        read=tf.data.TFRecordDataset, decode=decode, decode_batch=decode_batch, spec=spec,
+        name=f"tfrecord:{argument}",
+        where=where,
+        train_units=train_files,
+        test_units=test_files,
+        read=tf.data.TFRecordDataset,
+        decode=decode,
+        decode_batch=decode_batch,
+        spec=spec,
         num_train=streams.check_not_empty(where, "train", num_train),
         num_test=streams.check_not_empty(where, "test", num_test),
-        shuffle_buffer=config.shuffle_buffer, cache=config.cache)
+        shuffle_buffer=config.shuffle_buffer,
+        cache=config.cache,
+    )
 
 
 # ---- writing the default schema ----
@@ -201,9 +221,11 @@ def _bytes(value: bytes) -> tf.train.Feature:
 def example(features: np.ndarray, label, encode_png: bool) -> bytes:
     """One record of the default schema: PNG-encoded uint8 images, else the serialized tensor."""
     label = np.asarray(label).reshape(-1)
-    entry = {"label": tf.train.Feature(int64_list=tf.train.Int64List(value=label.tolist()))
-             if np.issubdtype(label.dtype, np.integer)
-             else tf.train.Feature(float_list=tf.train.FloatList(value=label.tolist()))}
+    entry = {
+        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=label.tolist()))
+        if np.issubdtype(label.dtype, np.integer)
+        else tf.train.Feature(float_list=tf.train.FloatList(value=label.tolist()))
+    }
     if encode_png:
         image = features if features.ndim == 3 else features[..., None]
         entry["image"] = _bytes(tf.io.encode_png(image).numpy())
@@ -230,18 +252,23 @@ def write_shards(directory: str, split: str, x: np.ndarray, y: np.ndarray, shard
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="Write an npz (x_train, y_train, x_test, y_test) as "
-                                     "TFRecord shards of the engine's default schema.")
+    parser = argparse.ArgumentParser(
+        description="Write an npz (x_train, y_train, x_test, y_test) as TFRecord shards of the engine's default schema."
+    )
     parser.add_argument("--npz", required=True, help="input .npz with x_train, y_train, x_test, y_test")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--shards", type=int, default=8, help="files per split (default 8)")
-    parser.add_argument("--raw", action="store_true",
-                        help="store uint8 images as serialized tensors, not PNG (bigger, faster to decode)")
+    parser.add_argument(
+        "--raw",
+        action="store_true",
+        help="store uint8 images as serialized tensors, not PNG (bigger, faster to decode)",
+    )
     args = parser.parse_args(argv)
     with np.load(args.npz) as arrays:
         for split in ("train", "test"):
-            paths = write_shards(args.out, split, arrays[f"x_{split}"], arrays[f"y_{split}"], args.shards,
-                                 png=not args.raw)
+            paths = write_shards(
+                args.out, split, arrays[f"x_{split}"], arrays[f"y_{split}"], args.shards, png=not args.raw
+            )
             print(f"{split}: {len(arrays[f'x_{split}'])} examples in {len(paths)} files {paths[0]} ...")
 
 

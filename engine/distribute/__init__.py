@@ -1,10 +1,10 @@
 """Distribution plumbing: everything between the flags and a working `tf.distribute` strategy.
 
-  cluster.py      TF_CONFIG parsing and checks (no TensorFlow import: run.py fails fast)
-  strategy.py     the strategy factory, logical CPU devices, chief/worker placement
-  watchdog.py     rendezvous before the multi-worker strategy; peer watchdog during training
-  agreement.py    start-up check that every worker runs the same flags
-  launch.py       `--num_workers=N`: local worker processes on 127.0.0.1, restarted (--max_restarts)
-  stall.py        --stall_timeout: a thread that ends a worker whose steps stopped, naming who stalled
-  preemption.py   SIGTERM/SIGINT, checked at loop boundaries and agreed across workers
+cluster.py      TF_CONFIG parsing and checks (no TensorFlow import: run.py fails fast)
+strategy.py     the strategy factory, logical CPU devices, chief/worker placement
+watchdog.py     rendezvous before the multi-worker strategy; peer watchdog during training
+agreement.py    start-up check that every worker runs the same flags
+launch.py       `--num_workers=N`: local worker processes on 127.0.0.1, restarted (--max_restarts)
+stall.py        --stall_timeout: a thread that ends a worker whose steps stopped, naming who stalled
+preemption.py   SIGTERM/SIGINT, checked at loop boundaries and agreed across workers
 """

@@ -15,11 +15,35 @@ from engine.errors import UserError
 
 # Config fields every worker must share (paths such as data_dir and model_dir may differ per host).
 AGREED_FLAGS = (
-    "global_batch", "dataset", "model", "task", "optimizer", "learning_rate", "seed", "epochs",
-    "train_steps", "steps_per_loop", "eval_every", "checkpoint_every", "input_mode",
-    "synthetic_train_examples", "synthetic_test_examples", "deterministic", "jit_compile",
-    "lr_schedule", "warmup_steps", "weight_decay", "clip_norm", "precision", "grad_accum_steps",
-    "image_size", "validation_split", "synthetic_shape", "num_classes", "shuffle_buffer", "cache",
+    "global_batch",
+    "dataset",
+    "model",
+    "task",
+    "optimizer",
+    "learning_rate",
+    "seed",
+    "epochs",
+    "train_steps",
+    "steps_per_loop",
+    "eval_every",
+    "checkpoint_every",
+    "input_mode",
+    "synthetic_train_examples",
+    "synthetic_test_examples",
+    "deterministic",
+    "jit_compile",
+    "lr_schedule",
+    "warmup_steps",
+    "weight_decay",
+    "clip_norm",
+    "precision",
+    "grad_accum_steps",
+    "image_size",
+    "validation_split",
+    "synthetic_shape",
+    "num_classes",
+    "shuffle_buffer",
+    "cache",
     "seq_len",
 )
 
@@ -59,7 +83,5 @@ def agree(strategy, config, cluster, seed: int) -> int:
             shown = f" (here --{name}={mine})" if name in AGREED_FLAGS else ""
             details.append(f"--{name}" if name in AGREED_FLAGS else name)
             details[-1] += f" differs on {', '.join(odd)} from {workers[0]}{shown}"
-        raise UserError(
-            "workers disagree: " + "; ".join(details) + ". Start every worker with the same flags"
-        )
+        raise UserError("workers disagree: " + "; ".join(details) + ". Start every worker with the same flags")
     return int(by_worker[0, -1])

@@ -80,11 +80,12 @@ def parse_tf_config(raw: str | None) -> Cluster:
     jobs = _check_cluster(spec["cluster"])
     task = spec["task"]
     if not isinstance(task, dict) or "type" not in task or "index" not in task:
-        raise UserError(f"TF_CONFIG 'task' must be {{\"type\": ..., \"index\": ...}}, got {json.dumps(task)}")
+        raise UserError(f'TF_CONFIG \'task\' must be {{"type": ..., "index": ...}}, got {json.dumps(task)}')
     task_type, index = task["type"], task["index"]
     if task_type not in (*TASK_TYPES, EVALUATOR):
-        raise UserError(f"TF_CONFIG task type {task_type!r} is not supported; valid: "
-                        f"{', '.join((*TASK_TYPES, EVALUATOR))}")
+        raise UserError(
+            f"TF_CONFIG task type {task_type!r} is not supported; valid: {', '.join((*TASK_TYPES, EVALUATOR))}"
+        )
     if isinstance(index, bool) or not isinstance(index, int):
         raise UserError(f"TF_CONFIG task index must be an integer, got {json.dumps(index)}")
     if task_type not in jobs:
@@ -102,11 +103,14 @@ def parse_tf_config(raw: str | None) -> Cluster:
 
 def _check_cluster(cluster) -> dict:
     if not isinstance(cluster, dict) or not cluster:
-        raise UserError(f"TF_CONFIG 'cluster' must be a non-empty object of task type -> addresses, got {json.dumps(cluster)}")
+        raise UserError(
+            f"TF_CONFIG 'cluster' must be a non-empty object of task type -> addresses, got {json.dumps(cluster)}"
+        )
     unknown = sorted(set(cluster) - {*TASK_TYPES, EVALUATOR})
     if unknown:
-        raise UserError(f"TF_CONFIG cluster has unsupported task type(s) {unknown}; valid: "
-                        f"{', '.join((*TASK_TYPES, EVALUATOR))}")
+        raise UserError(
+            f"TF_CONFIG cluster has unsupported task type(s) {unknown}; valid: {', '.join((*TASK_TYPES, EVALUATOR))}"
+        )
     for single in ("chief", EVALUATOR):
         if isinstance(cluster.get(single), list) and len(cluster[single]) > 1:
             raise UserError(f"TF_CONFIG cluster has {len(cluster[single])} {single} tasks; at most one is allowed")
@@ -116,11 +120,15 @@ def _check_cluster(cluster) -> dict:
             continue
         addresses = cluster[task_type]
         if not isinstance(addresses, list) or not addresses:
-            raise UserError(f"TF_CONFIG cluster {task_type!r} must be a non-empty list of \"host:port\", got {json.dumps(addresses)}")
+            raise UserError(
+                f'TF_CONFIG cluster {task_type!r} must be a non-empty list of "host:port", got {json.dumps(addresses)}'
+            )
         for i, address in enumerate(addresses):
             match = _ADDRESS.match(address) if isinstance(address, str) else None
             if not match or not 0 < int(match.group(2)) < 65536:
-                raise UserError(f"TF_CONFIG cluster {task_type}[{i}] = {json.dumps(address)} is not a \"host:port\" address")
+                raise UserError(
+                    f'TF_CONFIG cluster {task_type}[{i}] = {json.dumps(address)} is not a "host:port" address'
+                )
             if address in seen:
                 raise UserError(f"TF_CONFIG address {address} appears twice ({seen[address]} and {task_type}[{i}])")
             seen[address] = f"{task_type}[{i}]"

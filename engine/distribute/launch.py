@@ -85,8 +85,7 @@ def _stop(processes, sig=signal.SIGTERM, grace: float = GRACE_SECONDS) -> None:
             process.kill()
 
 
-def launch(num_workers: int, args: list, script: str, out=None, evaluator: bool = False,
-           max_restarts: int = 0) -> int:
+def launch(num_workers: int, args: list, script: str, out=None, evaluator: bool = False, max_restarts: int = 0) -> int:
     """Runs `python script args...` as `num_workers` workers (and an evaluator), restarting the
     whole cluster up to `max_restarts` times after a retryable failure; returns 0 when the run
     finished, else the last failing exit code (a worker's, else the evaluator's)."""
@@ -99,8 +98,10 @@ def launch(num_workers: int, args: list, script: str, out=None, evaluator: bool 
                 out.write(f"launcher: exit {code} ({exit_codes.describe(code)}): not restarted\n")
             return code
         restarts += 1
-        out.write(f"launcher: restart {restarts} of {max_restarts} after exit {code} "
-                  f"({exit_codes.describe(code)}); the workers resume from the last checkpoint\n")
+        out.write(
+            f"launcher: restart {restarts} of {max_restarts} after exit {code} "
+            f"({exit_codes.describe(code)}); the workers resume from the last checkpoint\n"
+        )
         out.flush()
 
 
@@ -109,16 +110,19 @@ def _launch_once(num_workers: int, args: list, script: str, out, evaluator: bool
     lock = threading.Lock()
     exits = queue.Queue()
     processes, relays = [], []
-    out.write(f"launching {num_workers} local workers" + (" and an evaluator" if evaluator else "")
-              + " on 127.0.0.1\n")
+    out.write(f"launching {num_workers} local workers" + (" and an evaluator" if evaluator else "") + " on 127.0.0.1\n")
     for index, tf_config in enumerate(worker_tf_configs(num_workers, evaluator=evaluator)):
         name = f"worker {index}" if index < num_workers else "evaluator"
         env = dict(os.environ, TF_CONFIG=tf_config, PYTHONUNBUFFERED="1")
         if restarts:
             env[RESTARTS_ENV] = str(restarts)
         process = subprocess.Popen(
-            [sys.executable, script, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, bufsize=1,
+            [sys.executable, script, *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
         )
         processes.append(process)
         relay = threading.Thread(target=_relay, args=(index, name, process, lock, out, exits), daemon=True)

@@ -1,4 +1,4 @@
-"""SIGTERM / SIGINT: finish the compiled loop in flight, checkpoint, exit 138 (engine.errors.Preempted; engine/exit_codes.py).
+"""SIGTERM / SIGINT: finish the compiled loop in flight, checkpoint, exit as preempted (engine.errors.Preempted).
 
 Python runs signal handlers only in the main thread and only between Python bytecodes, so a
 signal that arrives while a compiled loop (one tf.function call of --steps_per_loop steps) runs

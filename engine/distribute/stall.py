@@ -37,8 +37,10 @@ def counters():
     that the compiled loops add to; created here so the loops need no stall logic of their own."""
     import tensorflow as tf
 
-    return (tf.Variable(0, dtype=tf.int64, trainable=False, name="stall_watch/fetched"),
-            tf.Variable(0, dtype=tf.int64, trainable=False, name="stall_watch/eval_batches"))
+    return (
+        tf.Variable(0, dtype=tf.int64, trainable=False, name="stall_watch/fetched"),
+        tf.Variable(0, dtype=tf.int64, trainable=False, name="stall_watch/eval_batches"),
+    )
 
 
 def _read(variable) -> int:
@@ -48,8 +50,18 @@ def _read(variable) -> int:
 class StallWatch:
     """start() before training, stop() after the last step (a finished run is no stalled one)."""
 
-    def __init__(self, timeout: float, model_dir: str, steps, fetched, eval_batches, *, worker: int = 0,
-                 num_workers: int = 1, out=None):
+    def __init__(
+        self,
+        timeout: float,
+        model_dir: str,
+        steps,
+        fetched,
+        eval_batches,
+        *,
+        worker: int = 0,
+        num_workers: int = 1,
+        out=None,
+    ):
         self.timeout, self.model_dir = timeout, model_dir
         self.steps, self.fetched, self.eval_batches = steps, fetched, eval_batches
         self._touched = time.monotonic()
@@ -122,12 +134,17 @@ class StallWatch:
                 causes.append(f"worker {worker} (waits for its input at step {record['step']})")
         if fetched <= step:
             causes.insert(0, f"worker {self.worker} (this one: waits for its input at step {step})")
-        where = "; stopped making progress: " + ", ".join(causes) if causes else (
-            f"; this worker waits inside step {step + 1} (a collective or the step itself)")
+        where = (
+            "; stopped making progress: " + ", ".join(causes)
+            if causes
+            else (f"; this worker waits inside step {step + 1} (a collective or the step itself)")
+        )
         dump = self._dump_stacks()
-        self.out.write(f"\nerror: stalled: no training step completed for {self.timeout:g} s (--stall_timeout) at "
-                       f"step {step}{where}; every thread's stack is in {dump}; the last checkpoint in model_dir is "
-                       f"intact; rerun to resume (exit {exit_codes.STALLED.code}: a restart may help)\n")
+        self.out.write(
+            f"\nerror: stalled: no training step completed for {self.timeout:g} s (--stall_timeout) at "
+            f"step {step}{where}; every thread's stack is in {dump}; the last checkpoint in model_dir is "
+            f"intact; rerun to resume (exit {exit_codes.STALLED.code}: a restart may help)\n"
+        )
         self.out.flush()
         if fetched <= step and self.num_workers > 1:
             # The cause: let the waiting peers see it alive and name it before its exit breaks their collective.

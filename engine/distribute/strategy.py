@@ -13,7 +13,6 @@ from engine.errors import UserError
 from engine.distribute.watchdog import rendezvous
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Placement:
     """Where this process sits in the run: what the banner prints and what decides who writes."""
@@ -47,9 +46,7 @@ def configure_cpu_replicas(count: int) -> None:
     if current is None and count == 1:
         return
     try:
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
-        )
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
     except RuntimeError:
         have = len(tf.config.list_logical_devices("CPU"))
         if have < count:
@@ -84,7 +81,8 @@ def build_strategy(name: str, cpu_replicas: int = 1, collective_timeout: float =
         # process, as in tests, could pair up each other's all-reduces.)
         devices = tuple(f"/cpu:{i}" for i in range(cpu_replicas))
         strategy = tf.distribute.MirroredStrategy(
-            list(devices), cross_device_ops=tf.distribute.ReductionToOneDevice(reduce_to_device="/cpu:0"))
+            list(devices), cross_device_ops=tf.distribute.ReductionToOneDevice(reduce_to_device="/cpu:0")
+        )
     return Placement(strategy, name, devices, is_chief=True)
 
 
@@ -97,10 +95,16 @@ def _multi_worker(collective_timeout: float, gpus: list) -> Placement:
     # bounds the start, the PeerWatchdog (and TensorFlow's own heartbeat) the run.
     rendezvous(cluster, collective_timeout)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=tf.distribute.experimental.CommunicationOptions())
+        communication_options=tf.distribute.experimental.CommunicationOptions()
+    )
     return Placement(
-        strategy, "multi_worker_mirrored", tuple(gpus) or ("/cpu:0",), cluster.is_chief,
-        task_type=cluster.task_type, task_id=cluster.task_index, num_workers=cluster.num_workers,
+        strategy,
+        "multi_worker_mirrored",
+        tuple(gpus) or ("/cpu:0",),
+        cluster.is_chief,
+        task_type=cluster.task_type,
+        task_id=cluster.task_index,
+        num_workers=cluster.num_workers,
         cluster=cluster,
     )
 
@@ -110,8 +114,9 @@ def per_replica_batch(global_batch: int, num_replicas: int, accum_steps: int = 1
     each replica's share into `accum_steps` micro-batches) is an error."""
     parts = num_replicas * accum_steps
     if global_batch % parts:
-        into = f"the {num_replicas} replicas" + (f" x {accum_steps} micro-batches (--grad_accum_steps)"
-                                                 if accum_steps > 1 else "")
+        into = f"the {num_replicas} replicas" + (
+            f" x {accum_steps} micro-batches (--grad_accum_steps)" if accum_steps > 1 else ""
+        )
         raise UserError(
             f"--global_batch={global_batch} is not divisible by {into}; "
             f"use a multiple of {parts} (e.g. {parts * max(1, global_batch // parts)})"

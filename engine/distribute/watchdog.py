@@ -128,7 +128,8 @@ def collective_failure(err, cluster):
     if not lost:
         return CollectiveFailed(
             f"a collective failed ({type(err).__name__}: {first}) with every worker reachable; the last "
-            "checkpoint in model_dir is intact, restart every worker with the same flags to resume")
+            "checkpoint in model_dir is intact, restart every worker with the same flags to resume"
+        )
     return PeerLost(
         f"a collective failed, worker(s) lost: {', '.join(lost)} ({type(err).__name__}: {first}); "
         "the last checkpoint in model_dir is intact, restart every worker with the same flags to resume"

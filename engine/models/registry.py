@@ -40,8 +40,9 @@ def build_model(name: str, input_shape, num_classes: int, spec=None) -> keras.Mo
     else:
         raise UserError(f"unknown --model={name!r}; use a registered name ({', '.join(sorted(MODELS))}), {FORMS}")
     if not callable(builder):
-        raise UserError(f"--model={name!r}: {type(builder).__name__} is not a function "
-                        "(input_shape, num_classes) -> keras.Model")
+        raise UserError(
+            f"--model={name!r}: {type(builder).__name__} is not a function (input_shape, num_classes) -> keras.Model"
+        )
     kwargs = {"spec": spec} if _takes_spec(builder) else {}
     try:
         inspect.signature(builder).bind(input_shape, num_classes, **kwargs)
@@ -70,16 +71,19 @@ def _application(name: str, input_shape: tuple, num_classes: int) -> keras.Model
     """keras.applications.NAME, untrained, for this data, with logits out. Where the application
     has its own input preprocessing (rescaling from [0, 255]), it is off: the engine's images are
     already scaled to [0, 1]."""
-    app = name[len(APPLICATIONS):]
+    app = name[len(APPLICATIONS) :]
     if app not in application_names():
         close = difflib.get_close_matches(app, application_names(), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        raise UserError(f"--model={name!r}: keras.applications has no model {app!r}{hint}; "
-                        f"valid: {', '.join(application_names())}")
+        raise UserError(
+            f"--model={name!r}: keras.applications has no model {app!r}{hint}; valid: {', '.join(application_names())}"
+        )
     shape = "x".join(str(d) for d in input_shape)
     if len(input_shape) != 3:
-        raise UserError(f"--model={name!r}: {app} takes images (height, width, channels); "
-                        f"this data's examples have shape {input_shape}")
+        raise UserError(
+            f"--model={name!r}: {app} takes images (height, width, channels); "
+            f"this data's examples have shape {input_shape}"
+        )
     builder = getattr(keras.applications, app)
     options = dict(weights=None, input_shape=input_shape, classes=num_classes, classifier_activation=None)
     if "include_preprocessing" in inspect.signature(builder).parameters:
@@ -89,8 +93,10 @@ def _application(name: str, input_shape: tuple, num_classes: int) -> keras.Model
     except ValueError as err:
         smallest = re.search(r"at least (\d+x\d+)", str(err))
         if smallest:
-            raise UserError(f"--model={name!r}: {app} needs input at least {smallest.group(1)} "
-                            f"(this data's examples are {shape}); resize the images "
-                            "(--image_size=H,W for images:DIR and tfrecord data)") from None
+            raise UserError(
+                f"--model={name!r}: {app} needs input at least {smallest.group(1)} "
+                f"(this data's examples are {shape}); resize the images "
+                "(--image_size=H,W for images:DIR and tfrecord data)"
+            ) from None
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(f"--model={name!r}: {app} refuses input shape {shape}: {first_line}") from None

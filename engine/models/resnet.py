@@ -30,16 +30,16 @@ import keras
 
 def resnet20(input_shape, num_classes, *, synchronized=True, momentum=0.9):
     """ResNet-20 (3 basic blocks per stage): 272,474 trainable parameters for 10 classes."""
-    return cifar_resnet(input_shape, num_classes, blocks_per_stage=3, synchronized=synchronized,
-                        momentum=momentum)
+    return cifar_resnet(input_shape, num_classes, blocks_per_stage=3, synchronized=synchronized, momentum=momentum)
 
 
 def cifar_resnet(input_shape, num_classes, *, blocks_per_stage, synchronized=True, momentum=0.9):
     """The CIFAR ResNet with 6 * blocks_per_stage + 2 layers (3: ResNet-20, 5: ResNet-32, ...)."""
 
     def conv(x, filters, kernel, stride, name):
-        return keras.layers.Conv2D(filters, kernel, strides=stride, padding="same", use_bias=False,
-                                   kernel_initializer="he_normal", name=name)(x)
+        return keras.layers.Conv2D(
+            filters, kernel, strides=stride, padding="same", use_bias=False, kernel_initializer="he_normal", name=name
+        )(x)
 
     def norm(x, name):
         return keras.layers.BatchNormalization(synchronized=synchronized, momentum=momentum, name=name)(x)

@@ -11,8 +11,7 @@ TAG = custom_scalar_metadata.CONFIG_SUMMARY_TAG
 
 def _chart(title: str, *tags: str):
     """One chart of every run's scalars named exactly `tags`."""
-    return layout_pb2.Chart(title=title, multiline=layout_pb2.MultilineChartContent(
-        tag=[f"^{tag}$" for tag in tags]))
+    return layout_pb2.Chart(title=title, multiline=layout_pb2.MultilineChartContent(tag=[f"^{tag}$" for tag in tags]))
 
 
 def run_layout(metrics, loss_scale: bool = False) -> layout_pb2.Layout:
@@ -22,13 +21,21 @@ def run_layout(metrics, loss_scale: bool = False) -> layout_pb2.Layout:
     optimisation = [_chart("learning rate", "learning_rate"), _chart("gradient norm (before clipping)", "grad_norm")]
     if loss_scale:
         optimisation += [_chart("loss scale", "loss_scale"), _chart("skipped updates", "skipped_updates")]
-    return layout_pb2.Layout(category=[
-        layout_pb2.Category(title="train and eval", chart=[
-            _chart(f"{name} (train and eval)", name) for name in metrics]),
-        layout_pb2.Category(title="optimisation", chart=optimisation),
-        layout_pb2.Category(title="speed", chart=[
-            _chart("examples per second", "examples_per_sec"), _chart("seconds per compiled loop", "loop_seconds")]),
-    ])
+    return layout_pb2.Layout(
+        category=[
+            layout_pb2.Category(
+                title="train and eval", chart=[_chart(f"{name} (train and eval)", name) for name in metrics]
+            ),
+            layout_pb2.Category(title="optimisation", chart=optimisation),
+            layout_pb2.Category(
+                title="speed",
+                chart=[
+                    _chart("examples per second", "examples_per_sec"),
+                    _chart("seconds per compiled loop", "loop_seconds"),
+                ],
+            ),
+        ]
+    )
 
 
 def layout_summary(metrics, loss_scale: bool = False) -> tuple:

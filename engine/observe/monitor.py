@@ -75,19 +75,29 @@ class Monitor:
         if self.data.spec.is_image:
             images, labels = self.data.preview(min(SAMPLE_INPUTS, self.data.num_train))
             if labels.ndim == 1:
-                names = pictures.names_of(self.data.spec.num_classes or int(labels.max()) + 1,
-                                          self.data.spec.class_names)
-                train.write_figure(0, "sample_inputs", pictures.image_grid_figure(
-                    images, [names[int(label)] for label in labels]),
-                    description="The first training images with their labels (before shuffling).")
-        train.write_tensor(0, *layout.layout_summary(
-            dict.fromkeys([*self.task.train_metrics, *self.task.eval_metrics]),
-            loss_scale=self.config.precision == "mixed_float16"))
+                names = pictures.names_of(
+                    self.data.spec.num_classes or int(labels.max()) + 1, self.data.spec.class_names
+                )
+                train.write_figure(
+                    0,
+                    "sample_inputs",
+                    pictures.image_grid_figure(images, [names[int(label)] for label in labels]),
+                    description="The first training images with their labels (before shuffling).",
+                )
+        train.write_tensor(
+            0,
+            *layout.layout_summary(
+                dict.fromkeys([*self.task.train_metrics, *self.task.eval_metrics]),
+                loss_scale=self.config.precision == "mixed_float16",
+            ),
+        )
         flags = {k: v for k, v in self.config.as_dict().items() if k != "model_dir"}
         extra_hparams = {k: v for k, v in extra_hparams.items() if k != "class_names"}  # a list, not a knob
-        evaluation.write_hparams(hparam_values(flags, extra_hparams),
-                                 self.task.eval_metrics, trial_id=os.path.basename(
-                                     os.path.normpath(self.config.model_dir)))
+        evaluation.write_hparams(
+            hparam_values(flags, extra_hparams),
+            self.task.eval_metrics,
+            trial_id=os.path.basename(os.path.normpath(self.config.model_dir)),
+        )
 
     # ---- around compiled loops ----
     def before_loop(self, step: int, first_call: bool) -> None:
@@ -121,26 +131,46 @@ class Monitor:
         num_classes, names = self.data.spec.num_classes, self.data.spec.class_names
         counts = pictures.confusion_counts(labels, predictions, num_classes)
         writer = self.writers["eval"]
-        writer.write_figure(step, "confusion_matrix", pictures.confusion_figure(counts, names), description=(
-            f"Rows: true class, columns: predicted, over all {len(labels)} test examples; colour: the "
-            "fraction of the true class (each row sums to 1)."))
-        writer.write_figure(step, "per_class_accuracy", pictures.per_class_accuracy_figure(counts, names),
-                            description="Each class's accuracy (recall) on its test examples.")
+        writer.write_figure(
+            step,
+            "confusion_matrix",
+            pictures.confusion_figure(counts, names),
+            description=(
+                f"Rows: true class, columns: predicted, over all {len(labels)} test examples; colour: the "
+                "fraction of the true class (each row sums to 1)."
+            ),
+        )
+        writer.write_figure(
+            step,
+            "per_class_accuracy",
+            pictures.per_class_accuracy_figure(counts, names),
+            description="Each class's accuracy (recall) on its test examples.",
+        )
         for tag, curve, meta in pr_curves.summaries(labels, probabilities, pictures.names_of(num_classes, names)):
             writer.write_tensor(step, tag, curve, meta)
         if names:
             writer.write_text(step, "class_names", class_names_markdown(names, counts))
-        wrong = np.flatnonzero(labels != predictions)[:len(wrong_images)]
+        wrong = np.flatnonzero(labels != predictions)[: len(wrong_images)]
         pairs = [(int(labels[i]), int(predictions[i])) for i in wrong]
         if pairs:
-            writer.write_figure(step, "misclassified", pictures.misclassified_figure(
-                np.asarray(wrong_images), *zip(*pairs), names, num_classes), description=(
-                f"The first {MISCLASSIFIED} wrong test predictions with their true and predicted classes; "
-                "the text misclassified_labels of the same step lists them."))
-        writer.write_text(step, "misclassified_labels", (
-            f"{int((labels != predictions).sum())} of {len(labels)} test images wrong; the first "
-            f"{len(pairs)} (true>predicted): " + ", ".join(
-                f"{t}>{p}" + (f" ({names[t]}>{names[p]})" if names else "") for t, p in pairs)))
+            writer.write_figure(
+                step,
+                "misclassified",
+                pictures.misclassified_figure(np.asarray(wrong_images), *zip(*pairs), names, num_classes),
+                description=(
+                    f"The first {MISCLASSIFIED} wrong test predictions with their true and predicted classes; "
+                    "the text misclassified_labels of the same step lists them."
+                ),
+            )
+        writer.write_text(
+            step,
+            "misclassified_labels",
+            (
+                f"{int((labels != predictions).sum())} of {len(labels)} test images wrong; the first "
+                f"{len(pairs)} (true>predicted): "
+                + ", ".join(f"{t}>{p}" + (f" ({names[t]}>{names[p]})" if names else "") for t, p in pairs)
+            ),
+        )
 
     def _predictions(self):
         """(labels, class probabilities, the first wrong images) over every test example, from the
@@ -151,6 +181,7 @@ class Monitor:
         if not getattr(self.task, "is_classifier", True) or not spec.num_classes or spec.labels.shape.rank != 0:
             return None
         if self._predict is None:
+
             @tf.function(input_signature=[tf.TensorSpec([None, *spec.input_shape], spec.features.dtype)])
             def predict(x):
                 return tf.nn.softmax(tf.cast(model(x, training=False), tf.float32))
@@ -163,7 +194,7 @@ class Monitor:
                 return None
             predictions = probabilities.argmax(axis=-1)
             if spec.is_image and len(wrong_images) < MISCLASSIFIED:
-                wrong_images.extend(features[labels != predictions][:MISCLASSIFIED - len(wrong_images)])
+                wrong_images.extend(features[labels != predictions][: MISCLASSIFIED - len(wrong_images)])
             all_labels.append(labels)
             all_probabilities.append(probabilities)
         return np.concatenate(all_labels), np.concatenate(all_probabilities), wrong_images

@@ -65,15 +65,25 @@ def confusion_figure(counts: np.ndarray, class_names=None):
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
     total = int(counts.sum())
-    ax.set_title(f"{total} test examples, {total - int(np.trace(counts))} wrong"
-                 + (f"\nthe {m} most-confused of {k} classes" if m < k else ""), fontsize=10)
+    ax.set_title(
+        f"{total} test examples, {total - int(np.trace(counts))} wrong"
+        + (f"\nthe {m} most-confused of {k} classes" if m < k else ""),
+        fontsize=10,
+    )
     if m <= COUNTS_IN_CELLS_UP_TO:
         sub = counts[np.ix_(shown, shown)]
         for t in range(m):
             for p in range(m):
                 if sub[t, p]:
-                    ax.text(p, t, str(sub[t, p]), ha="center", va="center", fontsize=7,
-                            color="white" if rates[t, p] > 0.5 else "black")
+                    ax.text(
+                        p,
+                        t,
+                        str(sub[t, p]),
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if rates[t, p] > 0.5 else "black",
+                    )
     return figure
 
 
@@ -94,8 +104,11 @@ def per_class_accuracy_figure(counts: np.ndarray, class_names=None):
     ax.set_xlabel("accuracy on the test examples of the class")
     for row, value in zip(rows, accuracy[shown]):
         ax.text(value + 0.01, row, f"{value:.3f}", va="center", fontsize=7)
-    ax.set_title(f"per-class accuracy (mean {accuracy.mean():.3f})"
-                 + (f", the {len(shown)} least accurate of {k} classes" if len(shown) < k else ""), fontsize=10)
+    ax.set_title(
+        f"per-class accuracy (mean {accuracy.mean():.3f})"
+        + (f", the {len(shown)} least accurate of {k} classes" if len(shown) < k else ""),
+        fontsize=10,
+    )
     return figure
 
 
@@ -121,15 +134,22 @@ def image_grid_figure(images, captions, colors=None, columns: int = GRID_COLUMNS
     mosaic = np.ones((rows * cell_h, columns * cell_w, 3), np.float32)
     for i in range(n):
         top, left = (i // columns) * cell_h, (i % columns) * cell_w
-        mosaic[top:top + h, left:left + w] = tiles[i]
+        mosaic[top : top + h, left : left + w] = tiles[i]
     figure = new_figure(1.25 * columns, 1.25 * rows * cell_h / cell_w)
     ax = figure.subplots()
     ax.imshow(mosaic, interpolation="nearest")
     ax.set_axis_off()
     for i, caption in enumerate(captions):
         top, left = (i // columns) * cell_h, (i % columns) * cell_w
-        ax.text(left + w / 2, top + h + pad / 2, caption, ha="center", va="top", fontsize=7,
-                color=(colors[i] if colors else "black"))
+        ax.text(
+            left + w / 2,
+            top + h + pad / 2,
+            caption,
+            ha="center",
+            va="top",
+            fontsize=7,
+            color=(colors[i] if colors else "black"),
+        )
     return figure
 
 

@@ -18,8 +18,9 @@ _MINIMUM_COUNT = 1e-7  # the plugin's own guard against 0 / 0
 def curve(is_positive, scores, num_thresholds: int = NUM_THRESHOLDS) -> np.ndarray:
     """(6, num_thresholds) float32: TP, FP, TN, FN, precision, recall at each threshold."""
     is_positive = np.asarray(is_positive, bool)
-    buckets = np.clip(np.floor(np.asarray(scores, np.float64) * (num_thresholds - 1)), 0,
-                      num_thresholds - 1).astype(np.int64)
+    buckets = np.clip(np.floor(np.asarray(scores, np.float64) * (num_thresholds - 1)), 0, num_thresholds - 1).astype(
+        np.int64
+    )
 
     def at_or_above(mask):  # examples of `mask` whose score reaches each threshold
         return np.cumsum(np.bincount(buckets[mask], minlength=num_thresholds)[::-1])[::-1].astype(np.float64)
@@ -42,7 +43,9 @@ def summaries(labels, probabilities, names) -> list:
     out = []
     for i, name in enumerate(names):
         meta = pr_metadata.create_summary_metadata(
-            display_name=str(name), description=f"class {i} ({name}) against the rest, over every test example",
-            num_thresholds=NUM_THRESHOLDS)
+            display_name=str(name),
+            description=f"class {i} ({name}) against the rest, over every test example",
+            num_thresholds=NUM_THRESHOLDS,
+        )
         out.append((tag_of(name), curve(labels == i, probabilities[:, i]), meta.SerializeToString()))
     return out

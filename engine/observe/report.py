@@ -15,8 +15,12 @@ def banner(config, placement, data, per_replica, schedule, seed, model, start_st
         *([f"cluster      {placement.cluster.describe()}"] if placement.cluster else []),
         f"global batch {config.global_batch} = {placement.num_replicas} "
         f"{'replica' if placement.num_replicas == 1 else 'replicas'} x {per_replica}"
-        + (f" ({config.grad_accum_steps} micro-batches of {per_replica // config.grad_accum_steps} per replica, "
-           "one update)" if config.grad_accum_steps > 1 else ""),
+        + (
+            f" ({config.grad_accum_steps} micro-batches of {per_replica // config.grad_accum_steps} per replica, "
+            "one update)"
+            if config.grad_accum_steps > 1
+            else ""
+        ),
         f"update       {config.optimizer}, precision {config.precision}"
         + (f", clip global norm {config.clip_norm}" if config.clip_norm else "")
         + (f", weight decay {config.weight_decay}" if config.weight_decay else "")
@@ -28,12 +32,17 @@ def banner(config, placement, data, per_replica, schedule, seed, model, start_st
         f"model        {_model_name(config, model)} ({model.count_params():,} parameters), task {config.task}",
         f"schedule     {schedule.total_steps} steps ({schedule.total_steps / schedule.steps_per_epoch:.2f} "
         f"epochs of {schedule.steps_per_epoch}), {schedule.steps_per_loop} steps per compiled loop, "
-        f"eval every {schedule.eval_interval or 'never (not in training)'}, checkpoint every {schedule.checkpoint_interval}",
-        f"seed         {seed}" + (
-            " (the resumed run's)" if start_step
-            else "" if config.seed is not None else f" (random; --seed={seed} repeats it)"),
-        f"model_dir    {config.model_dir}"
-        + (f" (resuming at step {start_step})" if start_step else ""),
+        f"eval every {schedule.eval_interval or 'never (not in training)'}, "
+        f"checkpoint every {schedule.checkpoint_interval}",
+        f"seed         {seed}"
+        + (
+            " (the resumed run's)"
+            if start_step
+            else ""
+            if config.seed is not None
+            else f" (random; --seed={seed} repeats it)"
+        ),
+        f"model_dir    {config.model_dir}" + (f" (resuming at step {start_step})" if start_step else ""),
     ]
     if placement.name == "mirrored" and placement.num_replicas == 1:
         lines.append(
@@ -51,8 +60,11 @@ def config_markdown(config, run_facts: dict) -> str:
 
 
 def summary(result, out) -> None:
-    shown = "test " + "  ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items()) if result.eval_metrics \
+    shown = (
+        "test " + "  ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items())
+        if result.eval_metrics
         else "training (not evaluated here: an evaluator job or --mode=eval evaluates its checkpoints)"
+    )
     logdir = os.path.abspath(result.model_dir)
     lines = [
         "",

@@ -49,18 +49,22 @@ class PositionEmbedding(keras.layers.Layer):
         self.max_len = max_len
 
     def build(self, input_shape):
-        self.positions = self.add_weight(shape=(self.max_len, input_shape[-1]), name="positions",
-                                         initializer=keras.initializers.RandomNormal(stddev=0.02))
+        self.positions = self.add_weight(
+            shape=(self.max_len, input_shape[-1]),
+            name="positions",
+            initializer=keras.initializers.RandomNormal(stddev=0.02),
+        )
 
     def call(self, x):
-        return x + keras.ops.cast(self.positions[:keras.ops.shape(x)[1]], x.dtype)
+        return x + keras.ops.cast(self.positions[: keras.ops.shape(x)[1]], x.dtype)
 
     def get_config(self):
         return {**super().get_config(), "max_len": self.max_len}
 
 
-def byte_transformer(max_len: int, vocabulary: int = 256, d_model: int = 128, heads: int = 4, blocks: int = 2,
-                     mlp_ratio: int = 4) -> keras.Model:
+def byte_transformer(
+    max_len: int, vocabulary: int = 256, d_model: int = 128, heads: int = 4, blocks: int = 2, mlp_ratio: int = 4
+) -> keras.Model:
     """(batch, length <= max_len) int32 token ids -> (batch, length, vocabulary) float32 logits."""
     tokens = keras.Input((None,), dtype="int32", name="tokens")
     x = keras.layers.Embedding(vocabulary, d_model, name="token_embedding")(tokens)
@@ -68,7 +72,8 @@ def byte_transformer(max_len: int, vocabulary: int = 256, d_model: int = 128, he
     for i in range(blocks):
         h = keras.layers.LayerNormalization(name=f"block{i}_norm1")(x)
         h = keras.layers.MultiHeadAttention(heads, d_model // heads, name=f"block{i}_attention")(
-            h, h, use_causal_mask=True)
+            h, h, use_causal_mask=True
+        )
         x = x + h
         h = keras.layers.LayerNormalization(name=f"block{i}_norm2")(x)
         h = keras.layers.Dense(mlp_ratio * d_model, activation="gelu", name=f"block{i}_mlp_in")(h)
@@ -102,27 +107,35 @@ class LanguageModelTask(Task):
     def __init__(self, config, spec=None, **kwargs):
         super().__init__(config, spec, **kwargs)
         self._next_logits = None
-        for flag, value, allowed in (("jit_compile", config.jit_compile, False),
-                                     ("grad_accum_steps", config.grad_accum_steps, 1)):
+        for flag, value, allowed in (
+            ("jit_compile", config.jit_compile, False),
+            ("grad_accum_steps", config.grad_accum_steps, 1),
+        ):
             if value != allowed:
                 raise UserError(
                     f"--task={config.task} all-reduces its real-token count inside the step, which TensorFlow "
-                    f"cannot do inside XLA or the micro-batch loop: drop --{flag}={value}")
+                    f"cannot do inside XLA or the micro-batch loop: drop --{flag}={value}"
+                )
 
     def build_model(self) -> keras.Model:
         features, labels = self.spec.features, self.spec.labels
-        if features.shape.rank != 1 or not features.dtype.is_integer or labels.shape != features.shape \
-                or not self.num_classes:
-            raise UserError(f"--task={self.config.task} needs token sequences, e.g. --dataset=text:PATH; "
-                            f"the data has {self.spec.describe()}")
+        if (
+            features.shape.rank != 1
+            or not features.dtype.is_integer
+            or labels.shape != features.shape
+            or not self.num_classes
+        ):
+            raise UserError(
+                f"--task={self.config.task} needs token sequences, e.g. --dataset=text:PATH; "
+                f"the data has {self.spec.describe()}"
+            )
         return byte_transformer(features.shape[0], self.num_classes, self.D_MODEL, self.HEADS, self.BLOCKS)
 
     # ---- replica context ----
     def per_example_loss(self, labels, outputs):
         """Per-token cross-entropy, (batch, seq_len); 0 at padded positions (label < 0)."""
         real = labels >= 0
-        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.where(real, labels, 0),
-                                                                tf.cast(outputs, tf.float32))
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.where(real, labels, 0), tf.cast(outputs, tf.float32))
         return tf.where(real, losses, 0.0)
 
     def global_token_count(self, labels):
@@ -183,5 +196,9 @@ class LanguageModelTask(Task):
     def after_eval(self, step: int, writer) -> None:
         text = self.sample()
         fence = "~~~~" if "```" in text else "```"
-        writer.write_text(step, "sample", f"{fence}\n{text}\n{fence}\n\n(temperature {self.SAMPLE_TEMPERATURE}, "
-                                          f"seed {self.SAMPLE_SEED}, step {step})")
+        writer.write_text(
+            step,
+            "sample",
+            f"{fence}\n{text}\n{fence}\n\n(temperature {self.SAMPLE_TEMPERATURE}, "
+            f"seed {self.SAMPLE_SEED}, step {step})",
+        )

@@ -24,4 +24,3 @@ def load_task_class(spec: str) -> type:
     if not (isinstance(cls, type) and issubclass(cls, Task)):
         raise UserError(f"--task={spec!r}: {target.rpartition(':')[2]} is not a subclass of engine.task.Task")
     return cls
-

@@ -13,12 +13,18 @@ class KeepBest(Action):
 
     def __init__(self, config, metric_names, is_chief: bool):
         # Built before training: a --best_metric the Task does not report is refused at once.
-        self.keeper = BestKeeper(config.model_dir, config.best_metric, metric_names=tuple(metric_names),
-                                 is_chief=is_chief)
+        self.keeper = BestKeeper(
+            config.model_dir, config.best_metric, metric_names=tuple(metric_names), is_chief=is_chief
+        )
 
     def after_eval(self, run, metrics: dict) -> None:
-        kept = self.keeper.update(run.step, run.selection_metrics, run.state.checkpointer.checkpoint,
-                                  run.task.model, save_model=run.save_model)
+        kept = self.keeper.update(
+            run.step,
+            run.selection_metrics,
+            run.state.checkpointer.checkpoint,
+            run.task.model,
+            save_model=run.save_model,
+        )
         if kept:
             run.message(kept + (" (EMA weights)" if run.config.ema_decay else ""))
 

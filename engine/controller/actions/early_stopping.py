@@ -26,12 +26,16 @@ class EarlyStopping(Action):
 
     def __init__(self, config, metric_names, is_chief: bool):
         if not config.best_metric:
-            raise UserError(f"--early_stopping_patience={config.early_stopping_patience} needs --best_metric (the "
-                            "metric whose improvement it waits for), e.g. --best_metric=accuracy")
+            raise UserError(
+                f"--early_stopping_patience={config.early_stopping_patience} needs --best_metric (the "
+                "metric whose improvement it waits for), e.g. --best_metric=accuracy"
+            )
         self.metric, self.higher_is_better = parse_best_metric(config.best_metric)
         if self.metric not in metric_names:
-            raise UserError(f"--best_metric={config.best_metric}: the task's eval metrics are "
-                            f"{', '.join(metric_names)}; there is no {self.metric!r}")
+            raise UserError(
+                f"--best_metric={config.best_metric}: the task's eval metrics are "
+                f"{', '.join(metric_names)}; there is no {self.metric!r}"
+            )
         self.patience, self.min_delta = config.early_stopping_patience, config.early_stopping_min_delta
         self.path = os.path.join(config.model_dir, FILE_NAME)
         self.is_chief = is_chief
@@ -68,15 +72,22 @@ class EarlyStopping(Action):
         else:
             self.waited += 1
         self.history = [e for e in self.history if e["step"] < run.step] + [
-            {"step": run.step, "best": self.best, "waited": self.waited}]
+            {"step": run.step, "best": self.best, "waited": self.waited}
+        ]
         stop = self.waited >= self.patience
         if stop:
             best = "none finite" if self.best is None else f"{self.best:.4f}"
-            run.request_stop(f"early stopping at step {run.step}: {self.metric} did not improve by "
-                             f"{self.min_delta:g} or more in {self.patience} evaluations (best {best})")
+            run.request_stop(
+                f"early stopping at step {run.step}: {self.metric} did not improve by "
+                f"{self.min_delta:g} or more in {self.patience} evaluations (best {best})"
+            )
         if self.is_chief:
-            record = {"metric": self.metric, "patience": self.patience, "min_delta": self.min_delta,
-                      "history": self.history}
+            record = {
+                "metric": self.metric,
+                "patience": self.patience,
+                "min_delta": self.min_delta,
+                "history": self.history,
+            }
             if stop:
                 record["stopped_at"] = run.step
             temporary = self.path + ".tmp"

@@ -18,5 +18,6 @@ class EmaEvaluation(Action):
         run.writers["eval_ema"].write_scalars(run.step, ema_metrics)
         run.writers["eval_ema"].flush()
         run.ema_metrics = ema_metrics
-        run.message(line.replace("eval ", "eval (EMA weights) ", 1) if line.startswith("eval ") else
-                    f"{line} (EMA weights)")
+        run.message(
+            line.replace("eval ", "eval (EMA weights) ", 1) if line.startswith("eval ") else f"{line} (EMA weights)"
+        )

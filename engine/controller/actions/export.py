@@ -41,8 +41,9 @@ class Export(Action):
             if "keras" in self.formats:
                 paths.append(exporters.export_keras(model, os.path.join(directory, "model.keras")))
             if "saved_model" in self.formats:
-                paths.append(exporters.export_saved_model(model, run.data.spec, os.path.join(directory, "saved_model"),
-                                                          run.step))
+                paths.append(
+                    exporters.export_saved_model(model, run.data.spec, os.path.join(directory, "saved_model"), run.step)
+                )
         run.export_path = paths[0] if paths else None
         if len(paths) > 1 or run.config.ema_decay:
             run.message("export " + ", ".join(paths) + (" (EMA weights)" if run.config.ema_decay else ""))
