@@ -1,26 +1,17 @@
 """Train a Keras model with the custom training loop engine.
 
-  python run.py --strategy=mirrored --global_batch=256
-      MNIST CNN on every visible device (GPUs, else one CPU replica), 3 epochs.
-  python run.py --strategy=mirrored --cpu_replicas=2 --dataset=fashion_mnist
-      two CPU replicas, Fashion-MNIST from /usr/share/datasets/fashion-mnist.
-  python run.py --dataset=synthetic --train_steps=200 --model_dir=/tmp/run1
-      no files needed; rerun the same command to resume from /tmp/run1.
-  python run.py --mode=eval --model_dir=/tmp/run1 --dataset=synthetic --strategy=mirrored --cpu_replicas=2
-      evaluate /tmp/run1's latest checkpoint on the test split (any strategy), print and log it.
-  python run.py --strategy=multi_worker_mirrored --num_workers=2 --evaluator --best_metric=accuracy
-      two local workers train; a sidecar evaluates each checkpoint, keeps model_dir/best/.
-  python run.py --flagfile=my.flags      flags from a file
-  python run.py --help                   every flag, its meaning and units
-
-Exit codes (the last line on stderr says why):
-  0  done (also when --model_dir already held the last step)
-  1  flag parsing error (absl's FATAL line), or an unexpected exception with its traceback
-  2  bad input or setup: one line `error: ...`
-  3  preempted (SIGTERM or SIGINT): the compiled loop in flight finished, a checkpoint was saved
-     (`preempted: ...` names it); rerun the same command to resume. A second signal kills at once.
-  4  non-finite loss or gradient with --on_nonfinite=stop: `error: ...` names the step; nothing
-     was saved after the last good checkpoint.
+python run.py --strategy=mirrored --global_batch=256
+    MNIST CNN on every visible device (GPUs, else one CPU replica), 3 epochs.
+python run.py --strategy=mirrored --cpu_replicas=2 --dataset=fashion_mnist
+    two CPU replicas, Fashion-MNIST from /usr/share/datasets/fashion-mnist.
+python run.py --dataset=synthetic --train_steps=200 --model_dir=/tmp/run1
+    no files needed; rerun the same command to resume from /tmp/run1.
+python run.py --mode=eval --model_dir=/tmp/run1 --dataset=synthetic --strategy=mirrored --cpu_replicas=2
+    evaluate /tmp/run1's latest checkpoint on the test split (any strategy), print and log it.
+python run.py --strategy=multi_worker_mirrored --num_workers=2 --evaluator --best_metric=accuracy
+    two local workers train; a sidecar evaluates each checkpoint, keeps model_dir/best/.
+python run.py --flagfile=my.flags      flags from a file
+python run.py --help                   every flag, its meaning and units
 """
 
 from __future__ import annotations
@@ -35,7 +26,10 @@ from absl import app  # noqa: E402
 from absl import flags as absl_flags  # noqa: E402
 
 import flags as engine_flags  # noqa: E402
+from engine import exit_codes  # noqa: E402
 from flags import definitions  # noqa: E402
+
+__doc__ += "\n" + exit_codes.usage() + "\n"  # absl's --help prints this docstring
 
 engine_flags.define_flags()
 absl_flags.adopt_module_key_flags(definitions)  # so `--help` lists them

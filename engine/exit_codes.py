@@ -13,6 +13,7 @@ manifests in deploy/.
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,3 +93,13 @@ def markdown_table() -> str:
     rows = ["| code | name | meaning | restart helps |", "|---|---|---|---|"]
     rows += [f"| {c.code} | `{c.name}` | {c.meaning} | {'yes' if c.retryable else 'no'} |" for c in CODES]
     return "\n".join(rows)
+
+
+def usage() -> str:
+    """The exit-code lines of `run.py --help` (run.py's docstring ends with them)."""
+    lines = ["Exit codes (the last line on stderr says why; the table: docs/failures.md#exit-codes):"]
+    for c in CODES:
+        text = f"{c.name}{' (retryable)' if c.retryable else ''}: {c.meaning}"
+        lines += textwrap.wrap(text, 100, initial_indent=f"  {c.code:<3}  ", subsequent_indent=" " * 7)
+    lines.append("  a process killed by a signal exits 128 + its number (retryable)")
+    return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""docs/flags.md, the flags reference, generated from the absl definitions (flags/definitions.py).
+"""docs/flags.md, the flags reference, generated from the flag definitions (engine/config.py's fields).
 
     python -m flags.reference            rewrite docs/flags.md
     python -m flags.reference --check    exit 1 when docs/flags.md differs from the definitions
@@ -21,7 +21,7 @@ PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 _HEADER = """# Flags reference
 
-Generated from `flags/definitions.py` by `python -m flags.reference`; do not edit by hand
+Generated from `engine/config.py` (each flag is a `Config` field) by `python -m flags.reference`; do not edit by hand
 (`tests/test_docs.py` fails when this page and the definitions differ). `python run.py --help`
 prints the same; `--flagfile=FILE` reads flags from a file, one `--name=value` per line. A step is
 one global batch (one optimizer update); times are seconds."""

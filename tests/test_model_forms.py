@@ -16,7 +16,7 @@ from engine.controller.trainer import train
 from engine.data.spec import DataSpec
 from engine.models.registry import build_model
 from engine.task import Task
-from flags.definitions import default_model_dir
+from engine.config import default_model_dir
 
 COLOUR_32 = dict(synthetic_shape="32,32,3")  # CIFAR-sized synthetic images
 
