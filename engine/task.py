@@ -238,7 +238,8 @@ class Task:
 
     def actions(self) -> list:
         """Host-side work of your own at known points of the run: engine/controller/actions/base.py
-        `Action` objects (after_loop, after_eval, at_end), run after the engine's. Default: none."""
+        `Action` objects (after_loop, after_eval, at_end, each given an ActionContext), run after the
+        engine's. Default: none."""
         return []
 
     def export_model(self) -> keras.Model:

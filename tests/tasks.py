@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from engine.controller.actions.base import Action
 from engine.tasks.label_smoothing import LabelSmoothingTask
 from engine.tasks.language_model import LanguageModelTask
 from engine.losses import per_replica_mean_loss, replica_loss
@@ -445,3 +446,25 @@ class FlipTask(Task):
     def augment_example(self, features, label, seed):
         flip = tf.random.stateless_uniform([], seed=seed) < 0.5
         return tf.where(flip, -features, features), label
+
+
+class RecordingAction(Action):
+    """Returns what it saw (after each loop: the step and loss; at the end: the keys of what the
+    actions returned) and asks for a checkpoint at step 3, which no schedule would write."""
+
+    name = "the recording action"
+
+    def after_loop(self, context):
+        if context.step == 3:
+            context.request_save()
+        return {"step": context.step, "loss": context.train_metrics["loss"]}
+
+    def at_end(self, context):
+        return {"step": context.step, "seen": sorted(context.outputs)}
+
+
+class RecordingActionTask(Task):
+    """A Task with an action of its own (RecordingAction)."""
+
+    def actions(self):
+        return [RecordingAction()]

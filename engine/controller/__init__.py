@@ -1,7 +1,8 @@
 """The controller: the outer Python loop and what it keeps between runs.
 
-trainer.py      the training job: builds everything, runs compiled loops, decides when to
-                evaluate/checkpoint/log
+trainer.py      the training job: runs a built run's compiled loops, decides when to
+                evaluate/checkpoint/log and call the actions; rolls back a bad step
+build.py        builds a run (strategy, data, schedule, state, actions, writers, loops): BuiltRun
 evaluator.py    the evaluation job: --mode=eval and --mode=continuous_eval (the sidecar)
 job.py          what both jobs do first: the job's context, seeding, the Task class and its data
 evaluation.py   one evaluation of the whole test split and its console line

@@ -17,16 +17,18 @@ import tensorflow as tf
 
 
 class Rollback:
+    """The rollback budget and the restore itself; the trainer's `roll_back` (engine/controller/
+    trainer.py) then saves the restored step and rebuilds the training data from the new position."""
+
     def __init__(self, max_rollbacks: int):
         self.max_rollbacks = max_rollbacks
 
     def allowed(self, state) -> bool:
         return int(state.rollbacks.numpy()) < self.max_rollbacks
 
-    def roll_back(self, run, bad_step: int) -> str:
-        """Restores the latest checkpoint and moves the data past `bad_step` (1-based global step
-        number); returns the console line."""
-        state = run.state
+    def restore(self, state, bad_step: int) -> tuple[int, int, str]:
+        """Restores the latest checkpoint into `state` and moves its data position past `bad_step`
+        (1-based global step number); returns (the restored step, the rollback count, the console line)."""
         bad_position = bad_step - 1 + int(state.data_offset.numpy())  # the bad batch's index in the stream
         count = int(state.rollbacks.numpy()) + 1
         latest = tf.train.latest_checkpoint(state.checkpointer.real_dir)
@@ -34,12 +36,8 @@ class Rollback:
         restored = state.step
         state.data_offset.assign(bad_position + 1 - restored)
         state.rollbacks.assign(count)
-        run.step = restored
-        run.save()  # the restored step, now with the data position past the bad batch
-        run.train_data = run._train_data()
-        run.iterator = iter(run.train_data)
-        run.writers["train"].write_scalars(restored, {"rollbacks": float(count)})
-        return (
+        line = (
             f"rollback {count} of {self.max_rollbacks}: bad step {bad_step}; back to step {restored} "
             f"({latest}), the data moved past batch {bad_position}"
         )
+        return restored, count, line

@@ -1,9 +1,11 @@
 """Host-side work the controller runs at known points of a run, as small action objects (the
 pattern of Orbit's Controller + actions): the trainer calls every action's `after_loop` after
-each compiled loop, `after_eval` after each evaluation and `at_end` once training is done; a
-failure in one ends the run in one line and keeps the checkpoint written before it (invariant 12).
+each compiled loop, `after_eval` after each evaluation and `at_end` once training is done, each
+with a frozen ActionContext, and keeps what a hook returns; a failure in one ends the run in one
+line and keeps the checkpoint written before it (invariant 12).
 
-  base.py            Action (the three hooks); `engine_actions` below: the engine's, in order
+  base.py            ActionContext (what an action sees) and Action (the three hooks);
+                     `engine_actions` below: the engine's, in order
   histograms.py      weight and gradient histograms (--histogram_every)
   eval_summaries.py  the evaluation's pictures (confusion matrix, misclassified) and Task.after_eval
   ema_eval.py        evaluation of the EMA weights (--ema_decay), logged as eval_ema/

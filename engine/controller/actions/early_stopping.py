@@ -14,7 +14,7 @@ import json
 import math
 import os
 
-from engine.controller.actions.base import Action
+from engine.controller.actions.base import Action, ActionContext
 from engine.controller.best import parse_best_metric
 from engine.errors import UserError
 
@@ -65,20 +65,21 @@ class EarlyStopping(Action):
         gain = value - self.best if self.higher_is_better else self.best - value
         return gain >= self.min_delta and gain > 0
 
-    def after_eval(self, run, metrics: dict) -> None:
-        value = float(run.selection_metrics[self.metric])
+    def after_eval(self, context: ActionContext) -> None:
+        step = context.step
+        value = float(context.selection_metrics[self.metric])
         if self.improved(value):
             self.best, self.waited = value, 0
         else:
             self.waited += 1
-        self.history = [e for e in self.history if e["step"] < run.step] + [
-            {"step": run.step, "best": self.best, "waited": self.waited}
+        self.history = [e for e in self.history if e["step"] < step] + [
+            {"step": step, "best": self.best, "waited": self.waited}
         ]
         stop = self.waited >= self.patience
         if stop:
             best = "none finite" if self.best is None else f"{self.best:.4f}"
-            run.request_stop(
-                f"early stopping at step {run.step}: {self.metric} did not improve by "
+            context.request_stop(
+                f"early stopping at step {step}: {self.metric} did not improve by "
                 f"{self.min_delta:g} or more in {self.patience} evaluations (best {best})"
             )
         if self.is_chief:
@@ -89,7 +90,7 @@ class EarlyStopping(Action):
                 "history": self.history,
             }
             if stop:
-                record["stopped_at"] = run.step
+                record["stopped_at"] = step
             temporary = self.path + ".tmp"
             with open(temporary, "w") as f:
                 json.dump(record, f, indent=2)

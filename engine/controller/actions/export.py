@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from engine.controller import export as exporters
-from engine.controller.actions.base import Action
+from engine.controller.actions.base import Action, ActionContext
 
 FORMATS = ("keras", "saved_model")
 
@@ -27,23 +27,26 @@ def parse_formats(text: str) -> tuple:
 
 class Export(Action):
     name = "the export"
+    key = "export"
 
     def __init__(self, config):
         self.formats = parse_formats(config.export_formats)
 
-    def at_end(self, run) -> None:
-        if not run.placement.is_chief:
-            return
-        directory = os.path.join(run.config.model_dir, "export")
-        model = run.task.export_model()
+    def at_end(self, context: ActionContext) -> tuple | None:
+        """The exported paths, in --export_formats order (the chief's; None on other workers)."""
+        if not context.is_chief:
+            return None
+        config, step = context.config, context.step
+        directory = os.path.join(config.model_dir, "export")
+        model = context.task.export_model()
         paths = []
-        with run.weights_for_export():
+        with context.export_weights():
             if "keras" in self.formats:
                 paths.append(exporters.export_keras(model, os.path.join(directory, "model.keras")))
             if "saved_model" in self.formats:
                 paths.append(
-                    exporters.export_saved_model(model, run.data.spec, os.path.join(directory, "saved_model"), run.step)
+                    exporters.export_saved_model(model, context.data_spec, os.path.join(directory, "saved_model"), step)
                 )
-        run.export_path = paths[0] if paths else None
-        if len(paths) > 1 or run.config.ema_decay:
-            run.message("export " + ", ".join(paths) + (" (EMA weights)" if run.config.ema_decay else ""))
+        if len(paths) > 1 or config.ema_decay:
+            context.message("export " + ", ".join(paths) + (" (EMA weights)" if config.ema_decay else ""))
+        return tuple(paths)
