@@ -67,12 +67,12 @@ def main() -> None:
     )
     test = tf.data.Dataset.from_tensor_slices((x_test, y_test.astype("int32"))).batch(args.global_batch)
     if args.no_autotune:
-        from engine.data.pipelines import _device_datasets_without_autotune
+        from engine import compat
 
         options = tf.data.Options()
         options.autotune.enabled = False
         train, test = train.with_options(options), test.with_options(options)
-        _device_datasets_without_autotune()
+        compat.device_datasets_without_autotune()
 
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(args.replicas)])
     print(f"replicas: {strategy.num_replicas_in_sync}", flush=True)

@@ -28,6 +28,7 @@ Around it:
   exit_codes.py  the one table of exit codes: permanent ones small, the ones a restart cures >= 128
   refused_combinations.py  the flag combinations refused before training, one line each
   user_code.py  imports `package.module:NAME` / `path/file.py:NAME` for --task and --model
+  compat.py     every private TensorFlow/Keras API the engine touches, one named function each
 """
 
 __version__ = "0.1.0"

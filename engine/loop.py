@@ -26,20 +26,13 @@ import itertools
 import warnings
 
 import tensorflow as tf
-from tensorflow.python.framework import ops as tf_ops
 
-from engine import refused_combinations, update
+from engine import compat, refused_combinations, update
 from engine.errors import UserError
 
 # Iterating a distributed dataset inside tf.function makes tf.data warn about options it cannot
 # see at trace time; the engine sets its options before distributing, so the warning is noise.
 warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
-
-
-def _custom_gradient_registry():
-    """TensorFlow's global {name: gradient function} registry, or None where this version keeps it
-    elsewhere (then nothing is dropped: each traced loop's graph stays in memory, nothing breaks)."""
-    return getattr(getattr(tf_ops, "_gradient_registry", None), "_registry", None)
 
 
 def released_after_tracing(function):
@@ -57,14 +50,14 @@ def released_after_tracing(function):
     its replica threads trace inside this call) could lose its own."""
 
     def call(*args):
-        registry = _custom_gradient_registry()
+        registry = compat.custom_gradient_registry()  # None: nothing is dropped
         last = next(reversed(registry), None) if registry else None
         try:
             return function(*args)
         finally:
             if registry and next(reversed(registry)) != last:  # insertion order: this call's are at the end
                 for name in list(itertools.takewhile(lambda name: name != last, reversed(registry))):
-                    if str(name).startswith("CustomGradient-"):
+                    if str(name).startswith(compat.CUSTOM_GRADIENT_PREFIX):
                         del registry[name]
 
     call.experimental_get_tracing_count = function.experimental_get_tracing_count

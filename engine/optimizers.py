@@ -19,6 +19,7 @@ import math
 
 import keras
 
+from engine import compat
 from engine.errors import UserError
 
 # name -> (class, class with decoupled weight decay, default learning rate)
@@ -81,7 +82,7 @@ def build_optimizer(config, total_steps: int | None) -> keras.optimizers.Optimiz
 def constant_rate(optimizer) -> float | None:
     """The optimizer's learning rate when it is a constant (Keras keeps it in a variable, which a
     checkpoint restores); None when it follows a schedule."""
-    rate = getattr(optimizer, "_learning_rate", None)
+    rate = compat.optimizer_learning_rate(optimizer)
     if rate is None or isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
         return None
     return float(keras.ops.convert_to_numpy(rate))

@@ -15,9 +15,9 @@ seed for `tf.random.stateless_*` (Task.random_seed calls it with the run's seed 
 
 from __future__ import annotations
 
-import types
-
 import tensorflow as tf
+
+from engine import compat
 
 _INT32_RANGE = 2**31 - 1  # Keras casts int64 seeds to int32 modulo int32.max - 1; stay below that.
 
@@ -67,16 +67,11 @@ def _per_replica_next(self, ordered=True):
     return fold_replica(type(self).next(self, ordered=ordered))
 
 
-def _is_wrapped(generator) -> bool:
-    method = generator.__dict__.get("next")
-    return isinstance(method, types.MethodType) and method.__func__ is _per_replica_next
-
-
 def seed_generators(model) -> list:
     """Every keras.random.SeedGenerator the model and its sublayers own (each once)."""
     found, seen = [], set()
-    for layer in model._flatten_layers(include_self=True, recursive=True):
-        for generator in getattr(layer, "_seed_generators", ()):
+    for layer in compat.flatten_layers(model, include_self=True):
+        for generator in compat.layer_seed_generators(layer):
             if id(generator) not in seen:
                 seen.add(id(generator))
                 found.append(generator)
@@ -93,9 +88,7 @@ def per_replica_randomness(model) -> int:
     """
     wrapped = 0
     for generator in seed_generators(model):
-        if not _is_wrapped(generator):
-            # A bound method on the instance (not a closure), so deepcopy rebinds it to the copy.
-            generator.next = types.MethodType(_per_replica_next, generator)
+        if compat.wrap_seed_generator_next(generator, _per_replica_next):
             wrapped += 1
     return wrapped
 

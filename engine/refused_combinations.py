@@ -7,6 +7,7 @@ anything is traced or trained; it raises one UserError naming the flags and what
 
 from __future__ import annotations
 
+from engine import compat
 from engine.errors import UserError
 
 # Strategies whose replica-context all-reduce is a merge_call, which TensorFlow refuses inside a
@@ -19,7 +20,7 @@ def cross_replica_layers(model) -> list[str]:
     synchronized=True): the engine runs such a model's micro-batches unrolled, not in a while_loop."""
     return [
         layer.name
-        for layer in model._flatten_layers(include_self=False, recursive=True)
+        for layer in compat.flatten_layers(model, include_self=False)
         if getattr(layer, "synchronized", False)
     ]
 

@@ -18,8 +18,8 @@ import numbers
 
 import keras
 import numpy as np
-import tensorflow as tf
-from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+from engine import compat
 
 # Set and checkpointed by the engine (engine/controller/state.py), or not state at all.
 ENGINE_ATTRIBUTES = frozenset({"config", "spec", "model", "optimizer", "global_step", "updater", "total_steps", "seed"})
@@ -71,7 +71,7 @@ def _walk(value, path, state: TaskState, seen: set) -> None:
         seen.add(id(value))
         state.trackables[path] = list(value.variables) if isinstance(value, keras.metrics.Metric) else [value.state]
         return
-    if isinstance(value, tf.__internal__.tracking.Trackable):
+    if compat.is_trackable(value):
         seen.add(id(value))
         state.trackables[path] = value
         if isinstance(value, keras.optimizers.Optimizer):
@@ -94,8 +94,7 @@ def top_level_names(checkpoint_path: str, node: str) -> set[str]:
     """The names of the objects under the root's child `node` in a checkpoint's object graph (the
     Task state it holds); empty if it has none. (Variable keys cannot tell: a variable is stored
     once, under the first path that reaches it, e.g. a model's kernel under its optimizer's.)"""
-    graph = trackable_object_graph_pb2.TrackableObjectGraph()
-    graph.ParseFromString(tf.train.load_checkpoint(checkpoint_path).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    graph = compat.checkpoint_object_graph(checkpoint_path)
     children = {child.local_name: child.node_id for child in graph.nodes[0].children}
     if node not in children:
         return set()

@@ -38,6 +38,7 @@ import threading
 
 import tensorflow as tf
 
+from engine import compat
 from engine.errors import UserError
 
 INITIAL_LOSS_SCALE = 2.0**15
@@ -163,23 +164,9 @@ def _already_reduced():
         _local.reduced = previous
 
 
-def _skip_keras_all_reduce(optimizer) -> None:
-    """Makes optimizer.apply skip Keras' own all-reduce while the engine applies summed gradients
-    (only then: a Task calling self.optimizer.apply_gradients itself still gets Keras' sum)."""
-    original = getattr(optimizer, "_all_reduce_sum_gradients", None)
-    if original is None:
-        raise UserError(
-            "this Keras version's optimizer has no _all_reduce_sum_gradients: the engine cannot hand "
-            "it gradients already summed over replicas; use keras 3.x (tested 3.15)"
-        )
-    if getattr(original, "_engine_wrapped", False):
-        return
-
-    def all_reduce_sum_gradients(grads_and_vars):
-        return list(grads_and_vars) if getattr(_local, "reduced", False) else original(grads_and_vars)
-
-    all_reduce_sum_gradients._engine_wrapped = True
-    optimizer._all_reduce_sum_gradients = all_reduce_sum_gradients
+def _gradients_already_reduced() -> bool:
+    """True while the engine applies gradients it summed itself (Keras' all-reduce is then skipped)."""
+    return getattr(_local, "reduced", False)
 
 
 @dataclasses.dataclass
@@ -220,7 +207,7 @@ class Updater:
             {id(other): f"{GRAD_NORM}/{name}" for name, other in (optimizers or {}).items() if other is not optimizer}
         )
         for other in [optimizer, *(optimizers or {}).values()]:
-            _skip_keras_all_reduce(other)
+            compat.skip_keras_all_reduce(other, _gradients_already_reduced)
         self.loss_scale = self.good_steps = None
         if loss_scaling:
             only_first = tf.VariableAggregation.ONLY_FIRST_REPLICA

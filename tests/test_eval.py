@@ -14,7 +14,8 @@ import tensorflow as tf
 from helpers import QUIET, REPO, TEST_TASKS, small_config
 from engine.data.builtin import synthetic_arrays
 from engine.errors import UserError
-from engine.loop import _custom_gradient_registry, make_eval_loop, make_train_loop
+from engine import compat
+from engine.loop import make_eval_loop, make_train_loop
 from engine.controller.state import build_task
 from engine.distribute.strategy import build_strategy
 from engine.task import Task
@@ -90,7 +91,7 @@ def _traced_loop_graphs() -> int:
 
 
 def _custom_gradients() -> int:
-    return sum(1 for name in _custom_gradient_registry() if str(name).startswith("CustomGradient-"))
+    return sum(1 for name in compat.custom_gradient_registry() if str(name).startswith(compat.CUSTOM_GRADIENT_PREFIX))
 
 
 def test_a_finished_run_leaves_no_traced_graph_in_memory(tmp_path):

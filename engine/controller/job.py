@@ -9,6 +9,7 @@ import contextlib
 import keras
 import tensorflow as tf
 
+from engine import compat
 from engine.data import pipelines, sources
 from engine.errors import UserError
 from engine.tasks.registry import load_task_class
@@ -62,10 +63,7 @@ def set_op_determinism(on: bool) -> None:
     if on:
         tf.config.experimental.enable_op_determinism()
         return
-    from tensorflow.python.framework import config as tf_config
-
-    if getattr(tf_config, "is_op_determinism_enabled", lambda: False)():
-        tf_config.disable_op_determinism()
+    compat.disable_op_determinism()
 
 
 def load_data(config):

@@ -22,39 +22,16 @@ such thread; AUTOTUNE values then take TensorFlow's static defaults, as fast her
 
 from __future__ import annotations
 
-import tensorflow as tf
-
+from engine import compat
 from engine.config import INPUT_MODES, resolved_input_mode
 from engine.data import resident
 from engine.errors import UserError
 
 
-def _device_datasets_without_autotune() -> None:
-    """MirroredStrategy and MultiWorkerMirroredStrategy iterate through a MultiDeviceIterator,
-    which builds one dataset per device (`multi_device_iterator_ops._create_device_dataset`: a
-    generator over the host iterator + prefetch) with default options, so autotuned, and no public
-    option reaches them. This wraps that builder once to switch autotuning off there too (the
-    datasets have nothing to tune: their prefetch buffer is fixed). If a TensorFlow version no
-    longer has the function, nothing is wrapped (tests/test_exit.py then shows the linger)."""
-    from tensorflow.python.data.ops import multi_device_iterator_ops
-
-    create = getattr(multi_device_iterator_ops, "_create_device_dataset", None)
-    if create is None or getattr(create, "without_autotune", False):
-        return
-
-    def create_without_autotune(*args, **kwargs):
-        options = tf.data.Options()
-        options.autotune.enabled = False
-        return create(*args, **kwargs).with_options(options)
-
-    create_without_autotune.without_autotune = True
-    multi_device_iterator_ops._create_device_dataset = create_without_autotune
-
-
 def distributed_train_data(strategy, source, config, seed: int, skip_batches: int, augment=None):
     """The endless training stream split across replicas. `augment`: the Task's per-example
     augmentation (`Task.example_augmentation(seed)`), or None."""
-    _device_datasets_without_autotune()
+    compat.device_datasets_without_autotune()
     mode = resolved_input_mode(config, source, augmented=augment is not None)
     if mode == "streamed":
         return strategy.distribute_datasets_from_function(
@@ -75,7 +52,7 @@ def distributed_train_data(strategy, source, config, seed: int, skip_batches: in
 
 def distributed_eval_data(strategy, source, config):
     """Every test example exactly once, split across replicas (and workers)."""
-    _device_datasets_without_autotune()
+    compat.device_datasets_without_autotune()
     if source.streamed:
         return strategy.distribute_datasets_from_function(source.eval_dataset_fn(config.global_batch))
     return strategy.experimental_distribute_dataset(source.eval_dataset(config.global_batch))

@@ -71,7 +71,11 @@ class StallWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="stall-watch", daemon=True)
         self._heartbeat = 0
-        self._kv = _coordination_store() if num_workers > 1 else None
+        self._kv = None
+        if num_workers > 1:
+            from engine import compat  # imports TensorFlow, which this module loads only when used
+
+            self._kv = compat.coordination_key_value_store()
 
     def start(self) -> None:
         self._thread.start()
@@ -161,10 +165,3 @@ class StallWatch:
             return path
         except OSError as err:
             return f"(not written: {err})"
-
-
-def _coordination_store():
-    """TensorFlow's eager context, whose coordination-service key-value calls reach every worker."""
-    from tensorflow.python.eager import context
-
-    return context.context()
