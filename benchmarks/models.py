@@ -68,7 +68,7 @@ from engine.config import Config  # noqa: E402
 from engine.controller import job  # noqa: E402
 from engine.controller.state import create_state  # noqa: E402
 from engine.controller.trainer import train  # noqa: E402
-from engine.loop import make_train_loop  # noqa: E402
+from engine.loop import LoopOptions, make_train_loop  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT_FILE = "text.txt"  # the language model's data, written into the work directory
@@ -206,13 +206,7 @@ def engine_loop_timer(config, task_class, data, batch, steps: int, iterator=None
     iterator: what the loop reads its batches from instead (e.g. a resident data iterator)."""
     strategy = tf.distribute.get_strategy()
     task, state = engine_task(config, task_class, data)
-    loop = make_train_loop(
-        strategy,
-        task,
-        state.global_step,
-        update_summaries=config.summaries == "full",
-        gradients=config.histogram_every > 0,
-    )
+    loop = make_train_loop(strategy, task, state.global_step, LoopOptions.from_config(config))
     iterator = _ConstantBatch(batch) if iterator is None else iterator
     return measure.steps_timer(lambda n: loop(iterator, tf.constant(n))["steps"].numpy(), steps)
 

@@ -40,7 +40,7 @@ import tensorflow as tf  # noqa: E402
 from benchmarks import measure, models  # noqa: E402
 from engine.controller import job  # noqa: E402
 from engine.data.resident import ResidentTrainData  # noqa: E402
-from engine.loop import _TrainStep  # noqa: E402
+from engine.loop import LoopOptions, _TrainStep  # noqa: E402
 
 SECONDS_PER_TIMING = 2.0  # each timing: one compiled loop of about this long
 
@@ -64,14 +64,7 @@ def timers(name: str, workdir: str) -> tuple:
         """The engine's replica step alone on the constant batch (its outputs all used, so none is pruned)."""
         strategy = tf.distribute.get_strategy()
         task, _ = models.engine_task(config, task_class, data)
-        step = _TrainStep(
-            task,
-            tuple(task.train_metrics),
-            accum_steps=1,
-            jit_compile=False,
-            update_summaries=config.summaries == "full",
-            keep_gradients=False,
-        )
+        step = _TrainStep(task, tuple(task.train_metrics), LoopOptions(update_summaries=config.summaries == "full"))
 
         def body():
             stacked, bad, applied, _ = strategy.run(step, args=((features, labels),))

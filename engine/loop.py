@@ -1,15 +1,18 @@
 """The compiled inner loops: many `strategy.run` steps per tf.function call.
 
+A training loop's body reads in one screen (`make_train_loop`): next batch -> run the replica step
+-> reduce its metrics -> judge the step -> count it. The pieces:
+
+  _TrainStep   one replica's step: the Task's train_step on each micro-batch (engine/step_context.py
+               collects what it hands over), then engine/update.py's update (one all-reduce)
+  _Feed        where each step's batch comes from (a distributed iterator, or resident arrays
+               gathered on the replica) and the stall watch's batch counter
+  step_verdict what a step's reduced outcome means for the loop (a pure function)
+
 Each step's metrics {name: (total, count)} are stacked into one vector on each replica, reduced
 across replicas with ONE strategy.reduce(SUM) per step and summed over the steps of the loop. The
 step count is a tensor, so a loop of any length reuses one trace (no retracing between the loops
 of a run).
-
-One training step, on each replica: the Task's train_step runs on each of the --grad_accum_steps
-micro-batches of the replica's share of the global batch (their gradients, handed over with
-Task.apply_gradients, are summed), then engine/update.py applies them once (one all-reduce). The
-micro-batches run in a tf.while_loop, or unrolled when the model has layers that all-reduce in
-their call (synchronised batch norm), since such a layer cannot merge_call inside a loop body.
 
 A step is bad when a reduced metric total is not finite (a NaN/Inf loss on any replica) or when
 the summed gradients are (and loss scaling does not explain it). Both are the same value on every
@@ -21,18 +24,48 @@ the step counts (its batch is consumed) but its metrics do not, and its update n
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
+import typing
 import warnings
 
 import tensorflow as tf
 
-from engine import compat, refused_combinations, update
+from engine import compat, refused_combinations, step_context, update
 from engine.errors import UserError
 
 # Iterating a distributed dataset inside tf.function makes tf.data warn about options it cannot
 # see at trace time; the engine sets its options before distributing, so the warning is noise.
 warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopOptions:
+    """How train() compiles its training loop (from the run's flags: `from_config`)."""
+
+    accum_steps: int = 1  # --grad_accum_steps: micro-batches per replica and step
+    jit_compile: bool = False  # --jit_compile: the replica step compiled with XLA
+    skip_nonfinite: bool = False  # a bad step counts (skip, rollback) instead of ending the loop (stop)
+    loss_upper_bound: float = 0.0  # > 0: a step whose reduced "loss" exceeds it is bad too (a spike)
+    update_summaries: bool = False  # the updater's summaries (grad_norm per optimizer) in the totals
+    gradients: bool = False  # keep the last step's summed gradients (histograms)
+    # Every model the Task trains (a skipped step puts their non-trainable state back); (): task.model.
+    models: tuple = ()
+    strategy_name: str = ""  # --strategy (a collective in an XLA-compiled step is refused under merge_call strategies)
+
+    @classmethod
+    def from_config(cls, config, models=()) -> LoopOptions:
+        return cls(
+            accum_steps=config.grad_accum_steps,
+            jit_compile=config.jit_compile,
+            skip_nonfinite=config.on_nonfinite == "skip",
+            loss_upper_bound=config.loss_upper_bound,
+            update_summaries=config.summaries == "full",
+            gradients=config.histogram_every > 0,
+            models=tuple(models),
+            strategy_name=config.strategy,
+        )
 
 
 def released_after_tracing(function):
@@ -42,22 +75,22 @@ def released_after_tracing(function):
     An all-reduce in replica context (the engine's gradient sum, Task.all_reduce, synchronised batch
     norm) is a `tf.custom_gradient`, which registers its gradient in TensorFlow's global registry
     with tensors of the graph being traced in its closure: every loop ever traced stayed in memory
-    with its whole graph (TF issue 97697; here about 75 MB a train() of the cnn, so a sweep of runs
-    in one process grew without bound). A registration serves only while its graph's gradients are
-    built, i.e. during the trace: once the call returns no one needs it. A call that traces nothing
-    registers nothing and costs one dict lookup. It drops every registration made during the call,
-    so a trace running at the same time in another thread of the process (the engine never does;
-    its replica threads trace inside this call) could lose its own."""
+    with its whole graph (TF issue 97697), so a sweep of runs in one process grew without bound. A
+    registration serves only while its graph's gradients are built, i.e. during the trace: once the
+    call returns no one needs it. A call that traces nothing registers nothing and costs one dict
+    lookup. It drops every registration made during the call, so a trace running at the same time
+    in another thread of the process (the engine never does; its replica threads trace inside this
+    call) could lose its own."""
 
     def call(*args):
-        registry = compat.custom_gradient_registry()  # None: nothing is dropped
+        registry = compat.custom_gradient_registry()
         last = next(reversed(registry), None) if registry else None
         try:
             return function(*args)
         finally:
             if registry and next(reversed(registry)) != last:  # insertion order: this call's are at the end
                 for name in list(itertools.takewhile(lambda name: name != last, reversed(registry))):
-                    if str(name).startswith(compat.CUSTOM_GRADIENT_PREFIX):
+                    if str(name).startswith("CustomGradient-"):
                         del registry[name]
 
     call.experimental_get_tracing_count = function.experimental_get_tracing_count
@@ -100,34 +133,33 @@ def _add(totals, more):
     return {name: (totals[name][0] + more[name][0], totals[name][1] + more[name][1]) for name in totals}
 
 
+class StepOutcome(typing.NamedTuple):
+    """One replica step's result, as strategy.run returns it (per replica)."""
+
+    stacked: tf.Tensor  # the metrics' (and the update's summaries') totals and counts, one vector
+    bad: tf.Tensor  # bool: non-finite summed gradients (the same on every replica)
+    applied: tf.Tensor  # bool: the optimizers stepped
+    gradients: list  # the summed gradients, when the loop keeps them (histograms); else []
+
+
 class _TrainStep:
     """One replica's training step: micro-batches, then the engine's update."""
 
-    def __init__(
-        self,
-        task,
-        names,
-        accum_steps: int,
-        jit_compile: bool,
-        update_summaries: bool,
-        keep_gradients: bool,
-        models=None,
-        strategy_name: str = "",
-    ):
-        self.task, self.accum_steps = task, accum_steps
-        self.update_summaries, self.keep_gradients = update_summaries, keep_gradients
+    def __init__(self, task, names, options: LoopOptions):
+        self.task, self.accum_steps = task, options.accum_steps
+        self.update_summaries, self.keep_gradients = options.update_summaries, options.gradients
         # The stacked vector a step returns: these names' (total, count), in this order.
-        self.names = tuple(names) + (task.updater.summary_names if update_summaries else ())
+        self.names = tuple(names) + (task.updater.summary_names if options.update_summaries else ())
         self._step = _float32_outputs(task.train_step, names, "train_step")
         # What the last trace of the Task's step handed over (Python, trace time). Shared by the
         # replica threads on purpose: with jit_compile one trace serves every replica; the handed
         # structure (which gradients exist, their variables) is the same on all of them.
         self._handed = None
-        merge_calls = strategy_name in refused_combinations.MERGE_CALL_STRATEGIES
-        self.jit_strategy = strategy_name if jit_compile and merge_calls else None
-        self._compute = tf.function(self._compute_fn, jit_compile=True) if jit_compile else self._compute_fn
+        merge_calls = options.strategy_name in refused_combinations.MERGE_CALL_STRATEGIES
+        self.jit_strategy = options.strategy_name if options.jit_compile and merge_calls else None
+        self._compute = tf.function(self._compute_fn, jit_compile=True) if options.jit_compile else self._compute_fn
         # The state a skipped update puts back: every trained model's non-trainable variables.
-        self.models = list(models) if models is not None else [task.model]
+        self.models = list(options.models) or [task.model]
         # A layer that all-reduces inside its call (synchronised batch norm) needs a merge_call,
         # which TensorFlow refuses inside a while_loop's body: such models run their micro-batches
         # unrolled in Python, each normalised by the statistics of that micro-batch on every replica.
@@ -136,7 +168,7 @@ class _TrainStep:
 
     def _compute_fn(self, batch, example_offset, in_loop=False):
         """The Task's step on one micro-batch -> (metrics, gradients handed over or [], whens)."""
-        with update.collecting(
+        with step_context.tracing(
             in_loop=in_loop, jit_strategy=self.jit_strategy, example_offset=example_offset
         ) as handed:
             outputs = self._step(batch)
@@ -152,7 +184,8 @@ class _TrainStep:
         size = tf.shape(tf.nest.flatten(batch)[0])[0] // k
 
         def add_micro_batch(i, outputs, gradients, whens, in_loop=False):
-            more, grads, whens = self._compute(tf.nest.map_structure(lambda t: t[i], split), offset + i * size, in_loop)
+            micro_batch = tf.nest.map_structure(lambda t: t[i], split)
+            more, grads, whens = self._compute(micro_batch, offset + i * size, in_loop)
             return _add(outputs, more), [a + b for a, b in zip(gradients, grads)], whens
 
         first = self._compute(tf.nest.map_structure(lambda t: t[0], split), offset)
@@ -167,11 +200,32 @@ class _TrainStep:
         )
         return result
 
-    def __call__(self, batch):
+    def _apply(self, gradients, whens, kept_state):
+        """The engine's update of what the step handed over -> update.Outcome, or None when the
+        Task updated by itself (or not at all)."""
+        handed, updater = self._handed, self.task.updater
+        if not handed.hands:
+            return None
+        if updater.loss_scaling and not handed.scaled:
+            raise UserError(
+                "--precision=mixed_float16 scales the loss: train_step must take the "
+                "gradients of self.scale_loss(loss), not of the loss itself"
+            )
+        return updater.apply(updater.groups(handed, whens), gradients, kept_state)
+
+    def _with_update_summaries(self, outputs, outcome):
+        done = outcome.summaries if outcome is not None else {}
+        missing = (tf.constant(0.0), tf.constant(0.0))
+        summaries = {
+            name: (done[name], tf.constant(1.0)) if name in done else missing
+            for name in self.task.updater.summary_names
+        }
+        return dict(outputs, **summaries)
+
+    def __call__(self, batch) -> StepOutcome:
         # Read before the forward pass moves them: put back if a guarded update is skipped.
-        kept_state = update.snapshot(
-            [v for model in self.models for v in model.non_trainable_variables] if self.task.updater.guarded else []
-        )
+        guarded = self.task.updater.guarded
+        kept_state = update.snapshot([v for m in self.models for v in m.non_trainable_variables] if guarded else [])
         # This replica's first example in the global batch (training batches are whole).
         size = tf.shape(tf.nest.flatten(batch)[0])[0]
         offset = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int32) * size
@@ -179,30 +233,13 @@ class _TrainStep:
             outputs, gradients, whens = self._compute(batch, offset)
         else:
             outputs, gradients, whens = self._micro_batches(batch, offset)
-        handed, updater = self._handed, self.task.updater
-        if not handed.hands:  # the Task updated by itself (or not at all)
-            outcome = None
-        else:
-            if updater.loss_scaling and not handed.scaled:
-                raise UserError(
-                    "--precision=mixed_float16 scales the loss: train_step must take the "
-                    "gradients of self.scale_loss(loss), not of the loss itself"
-                )
-            outcome = updater.apply(updater.groups(handed, whens), gradients, kept_state)
+        outcome = self._apply(gradients, whens, kept_state)
         if self.update_summaries:
-            done = outcome.summaries if outcome is not None else {}
-            outputs = dict(
-                outputs,
-                **{
-                    name: (done[name], tf.constant(1.0)) if name in done else (tf.constant(0.0), tf.constant(0.0))
-                    for name in updater.summary_names
-                },
-            )
+            outputs = self._with_update_summaries(outputs, outcome)
         stacked = _stacked(outputs, self.names)
         if outcome is None:
-            return stacked, tf.constant(False), tf.constant(True), []
-        kept = outcome.gradients if self.keep_gradients else []
-        return stacked, outcome.bad, outcome.applied, kept
+            return StepOutcome(stacked, tf.constant(False), tf.constant(True), [])
+        return StepOutcome(stacked, outcome.bad, outcome.applied, outcome.gradients if self.keep_gradients else [])
 
 
 def _stacked(outputs, names) -> tf.Tensor:
@@ -221,21 +258,70 @@ def _reduce(strategy, stacked) -> tf.Tensor:
     return strategy.reduce(tf.distribute.ReduceOp.SUM, stacked, axis=None)
 
 
-def make_train_loop(
-    strategy,
-    task,
-    global_step: tf.Variable,
-    *,
-    accum_steps: int = 1,
-    jit_compile: bool = False,
-    skip_nonfinite: bool = False,
-    update_summaries: bool = False,
-    gradients: bool = False,
-    models=None,
-    strategy_name: str = "",
-    loss_upper_bound: float = 0.0,
-    fetched=None,
-):
+class Verdict(typing.NamedTuple):
+    good: tf.Tensor  # bool: the step's metrics count
+    counted: tf.Tensor  # int32 0/1: the step counts as a step (its batch is consumed)
+    stop: tf.Tensor  # bool: the loop ends here
+
+
+def step_verdict(update_bad, metric_totals, *, skip_nonfinite=False, loss=None, loss_upper_bound=0.0) -> Verdict:
+    """What one step's reduced outcome means for the loop, the same on every replica.
+
+    update_bad: the update found non-finite summed gradients; metric_totals: the step's reduced
+    (total, count) vector of the Task's metrics (a NaN/Inf anywhere makes its sum non-finite);
+    loss: the reduced (total, count) of "loss", judged against loss_upper_bound when that is > 0.
+    skip_nonfinite: a bad step still counts (skip, rollback) instead of ending the loop (stop)."""
+    good = tf.logical_and(tf.logical_not(update_bad), tf.math.is_finite(tf.reduce_sum(metric_totals)))
+    if loss_upper_bound:
+        good = tf.logical_and(good, loss[0] <= loss_upper_bound * loss[1])
+    if skip_nonfinite:
+        return Verdict(good, tf.constant(1, tf.int32), tf.constant(False))
+    return Verdict(good, tf.cast(good, tf.int32), tf.logical_not(good))
+
+
+class _Feed:
+    """Where each step's batch comes from, and the stall watch's count of batches taken.
+
+    An iterator may hand over a reference that each replica turns into its batch (input_mode=
+    resident: indices, gathered on the replica's device). One replica on resident arrays gathers
+    the next step's batch while this step runs (two independent chains the executor runs side by
+    side), and gives the batch gathered for the step after the loop back, so the data position
+    counts exactly the steps taken. Several replicas gather inside the step: carrying their
+    batches as a loop variable was slower on logical CPU replicas."""
+
+    def __init__(self, strategy, iterator, replica_step, fetched=None):
+        self.strategy, self.iterator, self.fetched = strategy, iterator, fetched
+        self.replica_batch = getattr(iterator, "replica_batch", None)
+        self.pipelined = self.replica_batch is not None and strategy.num_replicas_in_sync == 1
+        if self.replica_batch is not None and not self.pipelined:
+            self.step = lambda reference: replica_step(self.replica_batch(reference))
+        else:
+            self.step = replica_step
+
+    def _gathered(self):
+        return self.strategy.run(self.replica_batch, args=(next(self.iterator),))
+
+    def start(self):
+        """The loop variable `next_batch` carries: the first gathered batch, or () (unused)."""
+        return self._gathered() if self.pipelined else ()
+
+    def next(self, following):
+        """(this step's batch, the loop variable for the next step)."""
+        if self.pipelined:
+            batch, following = following, self._gathered()
+        else:
+            batch = next(self.iterator)
+        if self.fetched is not None:  # once the batch arrived (iterator and counter share no resource)
+            with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)[:1]):
+                self.fetched.assign_add(1)
+        return batch, following
+
+    def finish(self) -> None:
+        if self.pipelined:
+            self.iterator.give_back()
+
+
+def make_train_loop(strategy, task, global_step: tf.Variable, options: LoopOptions | None = None, *, fetched=None):
     """train_loop(iterator, num_steps) -> dict with
       totals: {name: (total, count)} summed over replicas and the good steps; with update_summaries
         also the updater's summaries (e.g. "grad_norm": mean global norm per step of the summed
@@ -245,101 +331,60 @@ def make_train_loop(
       bad_steps: with skip_nonfinite, how many steps were bad (skipped); otherwise 1 when the loop
         stopped early at a bad step (the step numbered global_step + 1, not counted, not applied);
       skipped_updates: steps whose update did not happen (bad ones and loss-scale overflows);
-      gradients (with `gradients`): the summed gradients of the loop's last step, as the first local
-        replica holds them (the same on every replica), for histograms.
-    models: every model the Task trains (their non-trainable state is put back on a skipped step);
-    strategy_name: --strategy (a collective in an XLA-compiled step is refused under merge_call strategies).
+      gradients (with options.gradients): the summed gradients of the loop's last step, as the first
+        local replica holds them (the same on every replica), for histograms.
     fetched: a local int64 variable counting the batches taken from `iterator` (the stall watch's).
-    loss_upper_bound: > 0: a step whose reduced "loss" exceeds it is bad too (a spike; its update has
-      happened, so use it where a bad step is not kept: stop or rollback).
     """
+    options = options or LoopOptions()
     metric_names = tuple(task.train_metrics)
-    summary_names = task.updater.summary_names if update_summaries else ()
-    names = metric_names + summary_names
-    replica_step = _TrainStep(
-        task,
-        metric_names,
-        accum_steps,
-        jit_compile,
-        update_summaries,
-        gradients,
-        models=models,
-        strategy_name=strategy_name,
-    )
+    names = metric_names + (task.updater.summary_names if options.update_summaries else ())
+    replica_step = _TrainStep(task, metric_names, options)
+    loss_index = 2 * metric_names.index("loss") if options.loss_upper_bound else 0
+
+    def first_local(value):  # computed from summed values: any local replica's copy is everyone's
+        return strategy.experimental_local_results(value)[0]
+
+    def kept_gradients(outcome, last):
+        local = [first_local(g) for g in outcome.gradients]
+        return [tf.cast(g, tf.float32) for g in local] if len(local) == len(last) else last
 
     def train_loop(iterator, num_steps):
+        feed = _Feed(strategy, iterator, replica_step, fetched)
         totals = tf.zeros([2 * len(names)])
-        steps = tf.constant(0, tf.int32)
-        bad_steps = tf.constant(0, tf.int32)
-        skipped_updates = tf.constant(0, tf.int32)
-        last = [tf.zeros(v.shape, tf.float32) for v in task.model.trainable_variables] if gradients else []
-        # An iterator may hand over a reference that each replica turns into its batch
-        # (input_mode=resident: indices, gathered on the replica's device).
-        replica_batch = getattr(iterator, "replica_batch", None)
-        # One replica on resident arrays: the next step's batch is gathered while this step runs
-        # (two independent chains the executor runs side by side: +13 % on a 0.4 ms step); the
-        # batch gathered for the step after the loop is given back, so the data position counts
-        # exactly the steps taken. Several replicas gather inside the step: carrying their batches
-        # as a loop variable measured slower on 2 logical CPU replicas (mlp 0.90x, cnn 0.90x).
-        pipelined = replica_batch is not None and strategy.num_replicas_in_sync == 1
-        gathers_in_step = replica_batch is not None and not pipelined
-        run_step = (lambda reference: replica_step(replica_batch(reference))) if gathers_in_step else replica_step
-        following = ()  # (autograph: a loop variable either way; empty unless pipelined)
-        if pipelined:
-            following = strategy.run(replica_batch, args=(next(iterator),))
-        # The loop ends after num_steps steps or at a bad step (stop mode): one boolean condition
-        # of the while loop. Not a `break` (autograph makes it a cond per step: 2-4 % of an mlp
-        # step), nor Python's `and`/`not` of tensors (a StatelessIf in the loop's condition each
-        # step: 0.932 against 0.940 of the bare mlp step, inside the noise, but never a gain).
-        stopped = tf.constant(False)
+        steps, bad_steps, skipped_updates = tf.constant(0), tf.constant(0), tf.constant(0)
+        last = [tf.zeros(v.shape, tf.float32) for v in task.model.trainable_variables] if options.gradients else []
+        following, stopped = feed.start(), tf.constant(False)
+        # One boolean condition (not a `break`, nor Python's and/not of tensors: each a cond per step).
         while tf.logical_and(steps < num_steps, tf.logical_not(stopped)):
-            if pipelined:
-                batch, following = following, strategy.run(replica_batch, args=(next(iterator),))
-            else:
-                batch = next(iterator)
-            if fetched is not None:  # once the batch arrived (iterator and counter share no resource)
-                with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)[:1]):
-                    fetched.assign_add(1)
-            stacked, bad, applied, kept = strategy.run(run_step, args=(batch,))
-            step_totals = _reduce(strategy, stacked)
-            if gradients:
-                local = [strategy.experimental_local_results(g)[0] for g in kept]
-                if len(local) == len(last):
-                    last = [tf.cast(g, tf.float32) for g in local]
-            # Computed from summed values, so any local replica's copy is everyone's value. The
-            # update's summaries (after the metrics in the vector) stay out of the check: `bad`
-            # already covers the gradients. A NaN/Inf anywhere makes the sum non-finite.
-            good = tf.logical_and(
-                tf.logical_not(strategy.experimental_local_results(bad)[0]),
-                tf.math.is_finite(tf.reduce_sum(step_totals[: 2 * len(metric_names)])),
+            batch, following = feed.next(following)
+            outcome = strategy.run(feed.step, args=(batch,))
+            step_totals = _reduce(strategy, outcome.stacked)
+            # The update's summaries (after the metrics in the vector) stay out: `bad` covers the gradients.
+            verdict = step_verdict(
+                first_local(outcome.bad),
+                step_totals[: 2 * len(metric_names)],
+                skip_nonfinite=options.skip_nonfinite,
+                loss=step_totals[loss_index : loss_index + 2],
+                loss_upper_bound=options.loss_upper_bound,
             )
-            if loss_upper_bound:
-                loss = 2 * metric_names.index("loss")
-                good = tf.logical_and(good, step_totals[loss] <= loss_upper_bound * step_totals[loss + 1])
-            # A bad step's (maybe NaN) metrics stay out of the totals. skip: it counts as a step
-            # (its batch is consumed); stop: the loop ends before counting it.
-            totals += tf.where(good, step_totals, 0.0)
-            bad_steps += 1 - tf.cast(good, tf.int32)
-            if skip_nonfinite:
-                counted = tf.constant(1, tf.int32)
-            else:
-                counted, stopped = tf.cast(good, tf.int32), tf.logical_not(good)
-            skipped_updates += counted * (1 - tf.cast(strategy.experimental_local_results(applied)[0], tf.int32))
-            steps += counted
-            global_step.assign_add(tf.cast(counted, global_step.dtype))
-        if pipelined:
-            iterator.give_back()
-        totals = _unstacked(totals, names)
+            totals += tf.where(verdict.good, step_totals, 0.0)  # a bad step's (maybe NaN) metrics stay out
+            bad_steps += 1 - tf.cast(verdict.good, tf.int32)
+            skipped_updates += verdict.counted * (1 - tf.cast(first_local(outcome.applied), tf.int32))
+            steps += verdict.counted
+            global_step.assign_add(tf.cast(verdict.counted, global_step.dtype))
+            stopped = verdict.stop
+            if options.gradients:
+                last = kept_gradients(outcome, last)
+        feed.finish()
         result = {
-            "totals": totals,
+            "totals": _unstacked(totals, names),
             "steps": steps,
             "bad_steps": bad_steps,
             "skipped_updates": skipped_updates,
-            # after the loop's updates; read here, not eagerly after the call (a schedule's
-            # eager ops cost 0.3 ms, ~1 % of a 100-step mlp loop)
+            # after the loop's updates; read here, in the graph, not by eager ops after the call
             "learning_rate": tf.cast(task.optimizer.learning_rate, tf.float32),
         }
-        if gradients:
+        if options.gradients:
             result["gradients"] = last
         return result
 
@@ -348,7 +393,7 @@ def make_train_loop(
     def run(iterator, num_steps):
         try:
             return compiled[0](iterator, num_steps)
-        except update.CollectiveInLoop:
+        except step_context.CollectiveInLoop:
             # The step all-reduces (Task.all_reduce) inside the micro-batch while_loop, where
             # MirroredStrategy cannot: trace again with the micro-batches unrolled (nothing ran yet).
             replica_step.unrolled = True

@@ -24,7 +24,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from engine import update
+from engine import step_context, update
 from engine.data.spec import DataSpec
 from engine.errors import UserError
 from engine.losses import replica_loss
@@ -189,20 +189,20 @@ class Task:
             if optimizer is not None and optimizer is not self.optimizer:
                 raise UserError("self.apply_gradients(optimizer=...) needs the variables it updates")
             variables = self.model.trainable_variables
-        update.hand_over(gradients, variables, None if optimizer is self.optimizer else optimizer, when)
+        step_context.hand_over(gradients, variables, None if optimizer is self.optimizer else optimizer, when)
 
     def all_reduce(self, value):
         """SUM of a tensor (or a list of them) over every replica and worker, inside train_step: the
         one safe way for a step to see a cross-replica value (a raw merge_call is not). It works with
         --grad_accum_steps (the micro-batches then run unrolled); with --jit_compile under a mirrored
         strategy the step is refused with one line."""
-        return update.all_reduce(value)
+        return step_context.all_reduce(value)
 
     def global_norm(self, gradients):
         """The global norm of `gradients` summed over every replica (one all-reduce of them): what
         the engine's clipping and grad_norm summary see for a whole (micro-)batch."""
         return tf.linalg.global_norm(
-            update.all_reduce([tf.cast(g, tf.float32) for g in gradients if g is not None], "self.global_norm")
+            step_context.all_reduce([tf.cast(g, tf.float32) for g in gradients if g is not None], "self.global_norm")
         )
 
     def random_seed(self, salt=0):
@@ -214,7 +214,7 @@ class Task:
         """[n, 2] int64 seeds, one per example of this replica's batch in train_step, from (--seed,
         step, salt, the example's index in the GLOBAL batch): per-example noise that is the same
         whatever the replica count or --grad_accum_steps."""
-        return update.example_seeds(replica_seed(self.seed, self.global_step, salt, per_replica=False), n)
+        return step_context.example_seeds(replica_seed(self.seed, self.global_step, salt, per_replica=False), n)
 
     def example_normal(self, n, shape, salt=0):
         """[n, *shape] float32 standard-normal noise, each example's drawn from its example_seeds

@@ -23,11 +23,9 @@ In replica context, once per step (after all micro-batches of a global batch):
      An optimizer handed over with `when` steps only where `when` is True (a cond in cross-replica
      context in either mode; its gradients are all-reduced every step: no collective inside a cond).
 
-All updates run after the step returns, so every optimizer sees the pre-step weights.
-`Task.apply_gradients` only records the gradients (thread-local: MirroredStrategy traces each
-replica on its own thread); the engine (engine/loop.py) sums the records of the micro-batches and
-calls `Updater.apply`. `all_reduce` / `example_seeds` are the step's collectives and per-example
-seeds, which need to know where the step is being traced (`tracing`).
+All updates run after the step returns, so every optimizer sees the pre-step weights. The step
+hands its gradients over through engine/step_context.py; the engine (engine/loop.py) sums the
+records of the micro-batches and calls `Updater.apply`.
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ import threading
 
 import tensorflow as tf
 
-from engine import compat
+from engine import compat, step_context
 from engine.errors import UserError
 
 INITIAL_LOSS_SCALE = 2.0**15
@@ -47,111 +45,6 @@ MIN_LOSS_SCALE = 1.0  # an overflow at this scale is a real non-finite gradient
 GRAD_NORM = "grad_norm"  # the default optimizer's summary; others are grad_norm/<Task attribute>
 
 _local = threading.local()
-
-
-@dataclasses.dataclass
-class Hand:
-    """One Task.apply_gradients call: an optimizer's gradients (None = the engine's optimizer)."""
-
-    optimizer: object
-    gradients: list
-    variables: list
-    when: tf.Tensor | None = None
-
-
-@dataclasses.dataclass
-class Handed:
-    """What one trace of a train_step handed to the engine on this replica."""
-
-    hands: list = dataclasses.field(default_factory=list)
-    scaled: bool = False  # the step called Task.scale_loss
-
-    @property
-    def gradients(self) -> list:
-        """The handed-over gradients that are not None, all optimizers in hand-over order."""
-        return [g for hand in self.hands for g in hand.gradients if g is not None]
-
-    def whens(self) -> list:
-        """The `when` of each hand that has one, as scalar bools (hand-over order)."""
-        return [tf.reshape(tf.cast(hand.when, tf.bool), []) for hand in self.hands if hand.when is not None]
-
-
-class CollectiveInLoop(Exception):
-    """A step's collective was traced inside the micro-batch while_loop (where MirroredStrategy's
-    merge_call cannot run): the engine retraces with the micro-batches unrolled."""
-
-
-@dataclasses.dataclass
-class _Trace:
-    """Where the step is being traced: inside the micro-batch while_loop, inside the XLA step, and
-    the index of this micro-batch's first example in the GLOBAL batch."""
-
-    in_loop: bool = False
-    jit_strategy: str | None = None  # --strategy when the step is XLA-compiled
-    example_offset: object = 0
-
-
-@contextlib.contextmanager
-def collecting(*, in_loop=False, jit_strategy=None, example_offset=0):
-    """Collects what Task.apply_gradients / Task.scale_loss are given while tracing; yields a Handed."""
-    handed, previous = Handed(), (getattr(_local, "handed", None), getattr(_local, "trace", None))
-    _local.handed, _local.trace = handed, _Trace(in_loop, jit_strategy, example_offset)
-    try:
-        yield handed
-    finally:
-        _local.handed, _local.trace = previous
-
-
-def _handed(what) -> Handed:
-    handed = getattr(_local, "handed", None)
-    if handed is None:
-        raise UserError(f"{what} is only valid inside the engine's train_step")
-    return handed
-
-
-def hand_over(gradients, variables, optimizer=None, when=None) -> None:
-    """Task.apply_gradients: records this replica's gradients for the engine's update."""
-    handed = _handed("Task.apply_gradients")
-    if any(hand.optimizer is optimizer for hand in handed.hands):
-        raise UserError(
-            "train_step called self.apply_gradients twice for the same optimizer; add the "
-            "losses (or the gradients) and hand them over once per optimizer and step"
-        )
-    gradients, variables = list(gradients), list(variables)
-    if len(gradients) != len(variables):
-        raise UserError(f"self.apply_gradients got {len(gradients)} gradients for {len(variables)} variables")
-    handed.hands.append(Hand(optimizer, gradients, variables, when))
-
-
-def note_scaled() -> None:
-    handed = getattr(_local, "handed", None)
-    if handed is not None:
-        handed.scaled = True
-
-
-def all_reduce(value, what="self.all_reduce"):
-    """SUM over every replica and worker (replica context, inside train_step)."""
-    trace = getattr(_local, "trace", None)
-    if trace is not None and trace.jit_strategy:
-        raise UserError(
-            f"train_step calls {what} (a collective), which --strategy={trace.jit_strategy} "
-            "cannot run inside the XLA-compiled step; drop --jit_compile"
-        )
-    if trace is not None and trace.in_loop:
-        raise CollectiveInLoop(what)
-    return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
-
-
-def example_seeds(key, n) -> tf.Tensor:
-    """[n, 2] int64 stateless seeds for the n examples of this replica's (micro-)batch: `key` ([2]
-    int32, replica-independent) with the example's index in the GLOBAL batch folded in."""
-    trace = getattr(_local, "trace", None)
-    if trace is None:
-        raise UserError("self.example_seeds is only valid inside the engine's train_step")
-    index = tf.cast(trace.example_offset, tf.int32) + tf.range(n, dtype=tf.int32)
-    key = tf.cast(key, tf.int32)
-    seeds = tf.stack([tf.fill([n], key[0]), tf.bitwise.bitwise_xor(key[1], index)], axis=1)
-    return tf.cast(seeds, tf.int64)
 
 
 @contextlib.contextmanager
@@ -233,12 +126,12 @@ class Updater:
 
     def scale(self, loss):
         """Task.scale_loss: the loss times the current loss scale (the loss itself without scaling)."""
-        note_scaled()
+        step_context.note_scaled()
         if not self.loss_scaling:
             return loss
         return loss * tf.cast(self.loss_scale, loss.dtype)
 
-    def groups(self, handed: Handed, whens) -> list:
+    def groups(self, handed: step_context.Handed, whens) -> list:
         """The Handed's hands as Groups (the default optimizer resolved, variables of None
         gradients dropped, `whens` as Handed.whens() gave them); an optimizer that is not the
         Task's is a UserError."""

@@ -32,7 +32,7 @@ from engine.controller.state import create_state
 from engine.controller.trainer import train
 from engine.data.builtin import synthetic_arrays
 from engine.distribute.strategy import build_strategy
-from engine.loop import make_train_loop
+from engine.loop import LoopOptions, make_train_loop
 from engine.randomness import per_replica_randomness
 from tasks import CnnBnNoDropoutTask
 
@@ -259,7 +259,7 @@ def _train_on(tmp_path, name, replicas, images, labels, accum):
     )
     task.total_steps = len(images) // 64
     state = create_state(strategy, task, seed=5, model_dir=str(tmp_path / name), is_chief=True, keep=1)
-    loop = make_train_loop(strategy, task, state.global_step, accum_steps=accum)
+    loop = make_train_loop(strategy, task, state.global_step, LoopOptions(accum_steps=accum))
     dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((images, labels)).batch(64))
     result = loop(iter(dataset), tf.constant(task.total_steps))
     assert int(result["steps"]) == task.total_steps

@@ -124,8 +124,10 @@ def test_per_device_dataset_builder():
 
 
 def _nested_model():
-    inner = keras.Sequential([keras.Input((4,)), keras.layers.GaussianNoise(0.1), keras.layers.Dense(4)], name="inner")
-    return keras.Sequential([keras.Input((4,)), inner, keras.layers.Dropout(0.5)], name="outer")
+    # Named layers: Keras numbers default names per process ("dense_3" after other tests' models).
+    layers = [keras.layers.GaussianNoise(0.1, name="gaussian_noise"), keras.layers.Dense(4, name="dense")]
+    inner = keras.Sequential([keras.Input((4,)), *layers], name="inner")
+    return keras.Sequential([keras.Input((4,)), inner, keras.layers.Dropout(0.5, name="dropout")], name="outer")
 
 
 def test_keras_flatten_layers():

@@ -17,7 +17,7 @@ from engine.data.arrays import train_dataset
 from engine.data.builtin import synthetic_arrays
 from engine.distribute.strategy import build_strategy
 from engine.errors import NonFiniteLoss
-from engine.loop import make_train_loop
+from engine.loop import LoopOptions, make_train_loop
 
 TWO_REPLICAS = dict(strategy="mirrored", cpu_replicas=2)
 NAN_AT = 5  # tests/tasks.py: the update from global step 5 to 6 (the 6th step) is poisoned
@@ -62,7 +62,7 @@ def test_the_loop_counts_sums_and_steps_exactly_the_good_steps(tmp_path, num_ste
     state = create_state(strategy, task, seed=1, model_dir=str(tmp_path), is_chief=True, keep=1)
     images, labels = synthetic_arrays(1024, seed=1)
     iterator = iter(strategy.experimental_distribute_dataset(train_dataset(images, labels, 64, seed=1)))
-    loop = make_train_loop(strategy, task, state.global_step, skip_nonfinite=mode == "skip")
+    loop = make_train_loop(strategy, task, state.global_step, LoopOptions(skip_nonfinite=mode == "skip"))
     result = loop(iterator, tf.constant(num_steps))
     counted, summed = (num_steps, num_steps - 1) if mode == "skip" else (NAN_AT, NAN_AT)
     assert int(result["steps"]) == counted and int(result["bad_steps"]) == 1

@@ -21,7 +21,7 @@ from engine.distribute import stall
 from engine.distribute import strategy as strategy_lib
 from engine.distribute.agreement import agree
 from engine.errors import UserError
-from engine.loop import make_eval_loop, make_train_loop
+from engine.loop import LoopOptions, make_eval_loop, make_train_loop
 from engine.observe import report
 from engine.observe.monitor import Monitor, parse_profile_steps
 from engine.observe.progress import Progress
@@ -191,17 +191,5 @@ def _train_data(config, placement, data, task, state):
 
 
 def _train_loop(config, placement, task, state, fetched):
-    return make_train_loop(
-        placement.strategy,
-        task,
-        state.global_step,
-        accum_steps=config.grad_accum_steps,
-        jit_compile=config.jit_compile,
-        skip_nonfinite=config.on_nonfinite == "skip",
-        update_summaries=config.summaries == "full",
-        gradients=config.histogram_every > 0,
-        models=state.models,
-        strategy_name=config.strategy,
-        loss_upper_bound=config.loss_upper_bound,
-        fetched=fetched,
-    )
+    options = LoopOptions.from_config(config, models=state.models)
+    return make_train_loop(placement.strategy, task, state.global_step, options, fetched=fetched)

@@ -1,0 +1,130 @@
+"""The step's context: what a Task's train_step may call while the engine traces it, in replica
+context, and where the engine finds what the step handed over.
+
+  hand_over      Task.apply_gradients: records one optimizer's gradients (the engine's update,
+                 engine/update.py, sums and applies them after the step)
+  note_scaled    Task.scale_loss was called (mixed_float16 needs it)
+  all_reduce     Task.all_reduce: SUM over every replica and worker
+  example_seeds  Task.example_seeds: per-example stateless seeds that do not depend on the layout
+
+The engine's compiled loop (engine/loop.py) enters `tracing(...)` around each trace of the Task's
+step and reads the yielded `Handed` afterwards. The record is thread-local because
+MirroredStrategy traces each replica's step on its own thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+
+import tensorflow as tf
+
+from engine.errors import UserError
+
+_local = threading.local()
+
+
+@dataclasses.dataclass
+class Hand:
+    """One Task.apply_gradients call: an optimizer's gradients (None = the engine's optimizer)."""
+
+    optimizer: object
+    gradients: list
+    variables: list
+    when: tf.Tensor | None = None
+
+
+@dataclasses.dataclass
+class Handed:
+    """What one trace of a train_step handed to the engine on this replica."""
+
+    hands: list = dataclasses.field(default_factory=list)
+    scaled: bool = False  # the step called Task.scale_loss
+
+    @property
+    def gradients(self) -> list:
+        """The handed-over gradients that are not None, all optimizers in hand-over order."""
+        return [g for hand in self.hands for g in hand.gradients if g is not None]
+
+    def whens(self) -> list:
+        """The `when` of each hand that has one, as scalar bools (hand-over order)."""
+        return [tf.reshape(tf.cast(hand.when, tf.bool), []) for hand in self.hands if hand.when is not None]
+
+
+class CollectiveInLoop(Exception):
+    """A step's collective was traced inside the micro-batch while_loop (where MirroredStrategy's
+    merge_call cannot run): the engine retraces with the micro-batches unrolled."""
+
+
+@dataclasses.dataclass
+class _Trace:
+    """Where the step is being traced: inside the micro-batch while_loop, inside the XLA step, and
+    the index of this micro-batch's first example in the GLOBAL batch."""
+
+    in_loop: bool = False
+    jit_strategy: str | None = None  # --strategy when the step is XLA-compiled
+    example_offset: object = 0
+
+
+@contextlib.contextmanager
+def tracing(*, in_loop=False, jit_strategy=None, example_offset=0):
+    """Around one trace of a Task's step: collects what it hands over; yields the Handed."""
+    handed, previous = Handed(), (getattr(_local, "handed", None), getattr(_local, "trace", None))
+    _local.handed, _local.trace = handed, _Trace(in_loop, jit_strategy, example_offset)
+    try:
+        yield handed
+    finally:
+        _local.handed, _local.trace = previous
+
+
+def _handed(what) -> Handed:
+    handed = getattr(_local, "handed", None)
+    if handed is None:
+        raise UserError(f"{what} is only valid inside the engine's train_step")
+    return handed
+
+
+def hand_over(gradients, variables, optimizer=None, when=None) -> None:
+    """Task.apply_gradients: records this replica's gradients for the engine's update."""
+    handed = _handed("Task.apply_gradients")
+    if any(hand.optimizer is optimizer for hand in handed.hands):
+        raise UserError(
+            "train_step called self.apply_gradients twice for the same optimizer; add the "
+            "losses (or the gradients) and hand them over once per optimizer and step"
+        )
+    gradients, variables = list(gradients), list(variables)
+    if len(gradients) != len(variables):
+        raise UserError(f"self.apply_gradients got {len(gradients)} gradients for {len(variables)} variables")
+    handed.hands.append(Hand(optimizer, gradients, variables, when))
+
+
+def note_scaled() -> None:
+    handed = getattr(_local, "handed", None)
+    if handed is not None:
+        handed.scaled = True
+
+
+def all_reduce(value, what="self.all_reduce"):
+    """SUM over every replica and worker (replica context, inside train_step)."""
+    trace = getattr(_local, "trace", None)
+    if trace is not None and trace.jit_strategy:
+        raise UserError(
+            f"train_step calls {what} (a collective), which --strategy={trace.jit_strategy} "
+            "cannot run inside the XLA-compiled step; drop --jit_compile"
+        )
+    if trace is not None and trace.in_loop:
+        raise CollectiveInLoop(what)
+    return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
+def example_seeds(key, n) -> tf.Tensor:
+    """[n, 2] int64 stateless seeds for the n examples of this replica's (micro-)batch: `key` ([2]
+    int32, replica-independent) with the example's index in the GLOBAL batch folded in."""
+    trace = getattr(_local, "trace", None)
+    if trace is None:
+        raise UserError("self.example_seeds is only valid inside the engine's train_step")
+    index = tf.cast(trace.example_offset, tf.int32) + tf.range(n, dtype=tf.int32)
+    key = tf.cast(key, tf.int32)
+    seeds = tf.stack([tf.fill([n], key[0]), tf.bitwise.bitwise_xor(key[1], index)], axis=1)
+    return tf.cast(seeds, tf.int64)
