@@ -3,7 +3,7 @@
     python -m benchmarks.drift                 # 150 s
     python -m benchmarks.drift --seconds=60
 
-Times a fixed loop of 512x512 float32 matmuls (about 0.15 s on 2 cores) every half second and
+Times a fixed loop of 512x512 float32 matmuls (well under the half second) every half second and
 prints the spread of the timings and of each timing against the one before it. The other
 benchmarks pair measurements taken seconds to minutes apart: where the machine's own speed drifts
 by 10 %, a ratio of 1.0 cannot be told from 0.95 or 1.05 in one pairing, however good the code.

@@ -1,6 +1,6 @@
 """Each source's input pipeline alone against the training step it feeds, on the same data.
 
-    python -m benchmarks.input_pipelines              # about 6 minutes on 2 cores
+    python -m benchmarks.input_pipelines              # its run time and results: docs/performance.md
     python -m benchmarks.input_pipelines --quick      # a smoke run
 
 The same 20,000 32x32x3 uint8 images with labels, stored three ways: an npz (in memory), a folder
@@ -9,8 +9,8 @@ of PNG files (`images:`), TFRecord shards (`tfrecord:`, PNG-encoded in the defau
 each: the engine's training pipeline alone (global batch 256, one input pipeline), batches/s after
 a warm-up, against the engine's training step rate on the same data (the seed `cnn` and `mlp`,
 one replica, measured by a short run). A ratio above 1 means the input keeps up with the step.
-Then the engine training the cnn from each stored form (240 steps a run: shorter runs swung by
-+-20 %), interleaved over 5 rounds (in memory and raw-tensor TFRecords back to back, in
+Then the engine training the cnn from each stored form (240 steps a run: shorter runs swung too
+far from round to round to compare), interleaved over 5 rounds (in memory and raw-tensor TFRecords back to back, in
 alternating order): TFRecords decoded a batch at a time (the engine) and record by record (as
 before), tf.data autotuning of the engine's pipelines on and off (engine/data/formats.AUTOTUNE_PIPELINES),
 TFRecords read into memory at start-up (--input_mode=resident), and in-memory data through a

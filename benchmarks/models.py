@@ -1,10 +1,10 @@
 """Every built-in model against its own ceiling and against Keras `model.fit`, and what that
 predicts beyond one machine.
 
-    python -m benchmarks.models                      # all five, about 20 minutes on 2 CPU cores
+    python -m benchmarks.models                      # all five (run times and results: docs/performance.md)
     python -m benchmarks.models --models=mlp,cnn     # some of them
     python -m benchmarks.models --quick              # fewer steps and repeats (a smoke run)
-    python -m benchmarks.models --rounds=5           # more rounds: tighter medians (about 30 minutes)
+    python -m benchmarks.models --rounds=5           # more rounds: tighter medians, longer run
 
 The same command on a GPU machine measures on its first GPU (TensorFlow's default device) and
 prints the GPU's name and its matmul peak; nothing else changes.
@@ -16,8 +16,8 @@ on in-memory data, one replica, float32, global batch as in WORKLOADS:
     engine's ceiling.
   * the same step on 64 batches held in memory, the next each step (nothing gathered or piped, but
     not the batch its cache just held): the ceiling of training on data. On a sub-millisecond step
-    the constant batch's cache makes the bare step faster than any training on data (mlp: 0.8 of
-    it on batches in turn), so engine / bare in turn is printed beside engine / bare.
+    the constant batch's cache makes the bare step faster than any training on data (mlp), so
+    engine / bare in turn is printed beside engine / bare.
   * the same step fed by the engine's input pipeline: what the input costs.
   * the engine: `train()` with the run's defaults (metrics, grad norm, finite check, summaries,
     the arrays resident in device memory: --input_mode=auto); its own throughput, host work between
@@ -228,7 +228,7 @@ def fit_rate(config, task_class, data, steps_per_execution, steps, epochs) -> fl
 
 # The measurements of one round; every round runs each once. Those the judged ratios pair (engine /
 # bare, engine / bare in turn, engine / fit best) run back to back in alternating order
-# (measure.alternated): this machine's speed drifts by about +-10 % over tens of seconds (benchmarks/drift.py,
+# (measure.alternated): this machine's speed drifts over tens of seconds (benchmarks/drift.py,
 # docs/performance.md), so measurements far apart in a round pair different speeds. The others follow.
 PAIRED = ("bare", "bare in turn", "engine", "fit best")
 OTHERS = ("fed", "engine loop", "engine pipeline", "engine guarded", "fit default")
@@ -263,8 +263,8 @@ def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> 
         """A timer of the bare step, the same step fed by the engine's input pipeline (next() inside
         the compiled loop) or the engine's loop on the constant batch, on a fresh model, optimizer
         and traces, built right before it is timed, as every engine and fit run is: one compiled
-        loop kept for the whole process drifted by up to 30 % from round to round while fresh runs
-        did not (docs/performance.md, "How steady is the machine")."""
+        loop kept for the whole process drifted far more from round to round than fresh runs did
+        (docs/performance.md, "How steady is the machine")."""
         if key == "engine loop":
             return engine_loop_timer(config, task_class, data, (features, labels), calls)
         task, model, optimizer = fresh_task(config, task_class, data)
@@ -279,12 +279,12 @@ def measure_model(name: str, workdir: str, quick: bool, num_rounds: int = 3) -> 
     parameters = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     gradient_bytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in model.trainable_variables)
 
-    # Loops of about 0.4 s or more, so the host's work between loops (about 1.5 ms on 2 CPU cores:
-    # the call, metric reads, the scalar write, progress) stays near 1 % of a loop as it is for a
-    # user who sizes --steps_per_loop to the step (docs/runs.md): 1,000 steps per loop for steps
-    # under 2 ms, 100 under 25 ms, 10 for slower ones (thresholds far from the five models' CPU step
-    # times: 0.4, 11, 45, 62 and 140 ms). fit's steps_per_execution is swept up to the same number,
-    # so both amortise their per-call costs over equally long calls.
+    # Loops of about 0.4 s or more, so the host's work between loops (the call, metric reads, the
+    # scalar write, progress: docs/performance.md) stays near 1 % of a loop as it is for a user who
+    # sizes --steps_per_loop to the step (docs/runs.md): 1,000 steps per loop for steps under 2 ms,
+    # 100 under 25 ms, 10 for slower ones (thresholds chosen far from the five models' CPU step
+    # times, so a run's noise does not flip a model's loop length). fit's steps_per_execution is
+    # swept up to the same number, so both amortise their per-call costs over equally long calls.
     spl = 1000 if rough < 0.002 else 100 if rough < 0.025 else 10
     loops = max(2, math.ceil((1.5 if quick else 4.0) / (spl * rough)))
     steps = spl * loops  # timed steps per engine run and per fit epoch
@@ -425,7 +425,7 @@ def main() -> None:
         "--rounds",
         type=int,
         default=3,
-        help="interleaved rounds per model (each about 1-2 minutes on 2 cores); 1 with --quick",
+        help="interleaved rounds per model; 1 with --quick",
     )
     parser.add_argument("--json", help="also write every result to this JSON file")
     parser.add_argument("--child", help=argparse.SUPPRESS)

@@ -1,6 +1,6 @@
 """The docs' table of `benchmarks.models`, rendered from its JSON output (never typed by hand).
 
-    python -m benchmarks.models --json=benchmarks/results/models_cpu.json   # measure (~20 min, 2 cores)
+    python -m benchmarks.models --json=benchmarks/results/models_cpu.json   # measure
     python -m benchmarks.models_table benchmarks/results/models_cpu.json    # rewrite the docs' table
     python -m benchmarks.models_table --print FILE.json                      # print another run's tables
 

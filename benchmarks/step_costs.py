@@ -1,7 +1,7 @@
 """Where an engine step's time goes: each piece the engine adds to the bare step, timed in one
 process, in paired rounds.
 
-    python -m benchmarks.step_costs                        # mlp, 6 rounds (about 3 minutes on 2 cores)
+    python -m benchmarks.step_costs                        # mlp, 6 rounds
     python -m benchmarks.step_costs --model=cnn --rounds=4
 
 `benchmarks.models` says how far the engine is from its ceiling; this says why. Each round times

@@ -1,7 +1,7 @@
 """Streaming benchmark: train from >= 1 GB of TFRecords and report the process's peak RSS, the
 input pipeline's rate alone against the training step's rate, and the cost of resuming.
 
-    python -m benchmarks.streaming                 # writes ~1.1 GB under /tmp, ~5 minutes on 2 cores
+    python -m benchmarks.streaming                 # writes ~1.1 GB under /tmp (results: docs/data.md)
     python -m benchmarks.streaming --gigabytes=0.1 # a smoke run
 
 Examples are 96x96x3 uint8 images stored as serialized tensors (27 KB each), with int labels.

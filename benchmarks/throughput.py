@@ -1,7 +1,7 @@
 """Throughput benchmark: the engine against Keras `model.fit`, the matmul peak, a sweep of
 `--steps_per_loop` and replica counts, and the time to the first finished loop.
 
-    python -m benchmarks.throughput            # about 5 minutes on 2 CPU cores
+    python -m benchmarks.throughput            # its run time and results: docs/performance.md
     python -m benchmarks.throughput --quick    # fewer steps and repeats (a smoke run)
 
 Everything is measured in ONE process run, on the same model (the seed CNN), the same in-memory
@@ -210,7 +210,7 @@ def main() -> None:
         return engine_examples_per_sec(spl, max(loops, 300 // spl), strategy="mirrored", cpu_replicas=replicas)
 
     table = {(spl, replicas): cell(spl, replicas) for replicas in (1, 2) for spl in (1, 10, 100)}
-    # The target's two cells: alternating repeats, medians (single runs vary by 10-20 % here).
+    # The target's two cells: alternating repeats, medians (single runs vary too much to judge alone).
     for spl in (1, 100):
         runs = [table[spl, 1]]
         for _ in range(repeats - 1):

@@ -2,7 +2,7 @@
 `model.fit` program doing the same job (benchmarks/fit_program.py), each timed from process start
 to process exit, the figure a user feels.
 
-    python -m benchmarks.whole_process              # 3 runs of each, ~3 minutes on 2 cores
+    python -m benchmarks.whole_process              # 3 runs of each
     python -m benchmarks.whole_process --runs=5
     python -m benchmarks.whole_process --quick      # 1 epoch, 1 run of each (a smoke run)
 

@@ -1,7 +1,8 @@
 """The docs are true to the code: the generated flags reference is current, every Config field is
 a flag, the performance table is generated from the benchmark's committed JSON, the README stays
-a short front page whose test command is the one CI runs, and every relative link in README.md,
-BUILD.md and docs/ leads to a file and heading that exist."""
+a short front page whose test command is the one CI runs and whose flag table shows the flags'
+defaults, and every relative link in README.md, BUILD.md and docs/ leads to a file and heading
+that exist."""
 
 from __future__ import annotations
 
@@ -133,6 +134,53 @@ def test_readme_is_a_short_front_page_with_the_ci_test_command():
     assert README_TEST_COMMAND in readme
     ci = [line for line in _read(".ci/run").splitlines() if line.strip() and not line.startswith("#")]
     assert ci[-1].strip() == README_TEST_COMMAND, ".ci/run must end with the README's test command"
+
+
+def _readme_flag_rows() -> list:
+    """([flag names], default cell) of each row of the README's flag table."""
+    rows = []
+    for line in _read("README.md").splitlines():
+        if line.startswith("| `--"):
+            cells = [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+            rows.append((re.findall(r"`--(\w+)`", cells[0]), cells[1]))
+    return rows
+
+
+def test_readme_flag_table_shows_the_flag_definitions_defaults():
+    """Each row's default is the absl default of its flag (a row of several flags gives one default
+    each, split by " / " or ", "); the two descriptive defaults are checked for what they describe."""
+    from engine.optimizers import OPTIMIZERS
+    from flags.definitions import default_model_dir
+
+    flag_values = absl_flags.FlagValues()
+    define_flags(flag_values)
+    rows = _readme_flag_rows()
+    assert len(rows) >= 10 and any(len(names) > 1 for names, _ in rows)
+    for names, cell in rows:
+        parts = re.split(r" / |, ", cell)
+        assert len(parts) == len(names), f"README flag row {names}: {cell!r} is not one default per flag"
+        for name, part in zip(names, parts):
+            match = re.fullmatch(r"`([^`]*)`(?: \((\w+)\))?", part)
+            assert match, f"--{name}: README default {part!r} is not `value` or `value` (note)"
+            shown, note = match.groups()
+            flag = flag_values[name]
+            if name == "learning_rate":  # no flag default: the default optimizer's own rate, named
+                assert flag.default is None and note == flag_values["optimizer"].default
+                assert float(shown) == OPTIMIZERS[note][2], f"--learning_rate: README {shown}, {note}'s rate"
+            elif name == "model_dir":  # no flag default: made from other flags and the start time
+                assert flag.default is None and note is None
+                for other in ("dataset", "model", "strategy"):
+                    shown = shown.replace(f"<{other}>", str(flag_values[other].default))
+                pattern = r"\d{8}-\d{6}".join(re.escape(piece) for piece in shown.split("<time>"))
+                made = default_model_dir(*(flag_values[other].default for other in ("dataset", "model", "strategy")))
+                assert re.fullmatch(pattern, made), f"--model_dir: README {part!r}, the engine makes {made!r}"
+            else:
+                assert note is None, f"--{name}: an unexpected note in README's default {part!r}"
+                kind = flag.flag_type()
+                value = int(shown) if kind == "int" else float(shown) if kind == "float" else shown
+                if kind == "bool":
+                    value = {"true": True, "false": False}[shown]
+                assert value == flag.default, f"--{name}: README says {shown!r}, the flag's default is {flag.default!r}"
 
 
 def _slug(heading: str) -> str:

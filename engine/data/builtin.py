@@ -134,9 +134,9 @@ def synthetic_arrays(num_examples: int, seed: int, num_classes: int = 10, shape=
     hundred steps. (28, 28) gives MNIST-shaped grey images; (32, 32, 3) colour ones.
 
     Built SYNTHETIC_CHUNK examples at a time (the same random stream, so the same bytes as one
-    pass): one pass over 60,000 28x28 images made a 376 MB float64 noise array and a 188 MB float32
-    one, and faulting those pages in cost about as much as drawing the noise (1-1.5 s of a fresh
-    process's start-up, measured with `python run.py --dataset=synthetic`).
+    pass): one pass over all the examples made float64 noise and float32 image arrays several times
+    the size of the result, and faulting those pages in cost about as much as drawing the noise, a
+    visible part of a fresh process's start-up (docs/performance.md, the first finished loop).
     """
     shape = tuple(shape)
     templates = np.random.default_rng(20240601).random((num_classes, *shape)) > 0.85
@@ -160,7 +160,7 @@ def synthetic_arrays(num_examples: int, seed: int, num_classes: int = 10, shape=
     return images, labels
 
 
-SYNTHETIC_CHUNK = 2048  # examples per pass of synthetic_arrays (6.4 MB of float64 noise at 28x28)
+SYNTHETIC_CHUNK = 2048  # examples per pass of synthetic_arrays: small temporaries, reused pages
 
 
 def load_synthetic(config) -> ArraySource:

@@ -19,8 +19,8 @@ def normalise_features(x, batched: bool = True, on_cpu: bool = False):
 
     on_cpu: the op runs on a CPU (a tf.data map, arrays resident on CPU devices): uint8 is scaled in
     one pass by Dequantize, a CPU-only kernel whose result is bit-identical to the cast and
-    multiply (every one of the 256 values: tests/test_data.py) in half the time (a 256 x 28 x 28
-    batch: ~25 us less, 6 % of an mlp step)."""
+    multiply (every one of the 256 values: tests/test_data.py) in one pass instead of two, which
+    shows on a short step (docs/performance.md, "Where an engine step's time goes")."""
     if x.dtype == tf.uint8:
         if on_cpu:
             x = tf.raw_ops.Dequantize(input=tf.bitcast(x, tf.quint8), min_range=0.0, max_range=1.0, mode="MIN_COMBINED")
@@ -46,8 +46,9 @@ def parse_shape(text: str, flag: str) -> tuple:
     return shape
 
 
-# Off: tf.data's autotuning of the engine's pipelines. benchmarks/input_pipelines.py measures the
-# engine's training rate with it on and off in one run (docs/performance.md "Input pipelines").
+# Off: tf.data's autotuning of the engine's pipelines. It trains no faster here, and deleting an
+# autotuned iterator can stall (engine/data/pipelines.py); benchmarks/input_pipelines.py measures
+# the engine's training rate with it on and off in one run (docs/performance.md "Input from files").
 AUTOTUNE_PIPELINES = False
 
 

@@ -15,9 +15,10 @@ datasets TensorFlow builds to distribute them: deleting an iterator of an autotu
 block for up to a minute. Its autotune thread sleeps between optimisations (periods 10 ms doubling
 up to 60 s), and the iterator's destructor wakes it and waits for it; TF 2.21's CancellationManager
 runs that wake-up callback before it marks itself cancelled, so a thread that wakes at once sees
-"not cancelled" and sleeps out the rest of its period (measured: a run lingered 4-20 s after its
-summary, the main thread in ~RootDataset::Iterator, holding the GIL). Without autotuning there is no
-such thread; AUTOTUNE values then take TensorFlow's static defaults, as fast here as autotuning.
+"not cancelled" and sleeps out the rest of its period (a finished run's process lingered for
+seconds after its summary, the main thread in ~RootDataset::Iterator, holding the GIL:
+docs/performance.md, "Whole process"). Without autotuning there is no such thread; AUTOTUNE values
+then take TensorFlow's static defaults, which train as fast (docs/performance.md, "Input from files").
 """
 
 from __future__ import annotations

@@ -40,9 +40,9 @@ from engine.errors import UserError
 DEFAULT_SHUFFLE_BUFFER = 10_000
 CYCLE_LENGTH = 8  # files read at once by the interleave
 # Records a training reader hands the parallel interleave at a time: each element crossing its
-# threads costs a hand-over, so blocks of 32 cut the training pipeline's CPU time by a fifth on
-# TFRecords (2 cores, batches of 256 32x32x3 records: 1.75 -> 1.4 ms; docs/performance.md "Input
-# from files"). Evaluation reads one record of each unit in turn (the original order of round-robin shards).
+# threads costs a hand-over, so blocks of records cut the training pipeline's CPU time
+# (docs/performance.md, "Input from files"). Evaluation reads one record of each unit in turn (the
+# original order of round-robin shards).
 READ_BLOCK = 32
 
 

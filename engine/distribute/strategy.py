@@ -89,9 +89,9 @@ def build_strategy(name: str, cpu_replicas: int = 1, collective_timeout: float =
 def _multi_worker(collective_timeout: float, gpus: list) -> Placement:
     cluster = parse_tf_config(os.environ.get("TF_CONFIG"))
     # No per-collective timeout: TensorFlow (up to 2.21 at least) arms each timed collective with a
-    # detached thread that sleeps for the whole timeout, so a run doing ~10 collectives a step kept
-    # tens of thousands of sleeping threads and died after ~1,300 steps ("Resource temporarily
-    # unavailable"). A lost worker is still an error after --collective_timeout: the rendezvous
+    # detached thread that sleeps for the whole timeout, so a long run piles up sleeping threads
+    # until it can start no more ("Resource temporarily unavailable"; docs/strategies.md has the
+    # run that died). A lost worker is still an error after --collective_timeout: the rendezvous
     # bounds the start, the PeerWatchdog (and TensorFlow's own heartbeat) the run.
     rendezvous(cluster, collective_timeout)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(

@@ -82,9 +82,9 @@ def rendezvous(cluster, timeout: float) -> None:
 class PeerWatchdog:
     """While training runs, probes the other workers' ports every few seconds. A worker whose
     port has refused connections for `timeout` seconds is dead: the process says which one and
-    exits, instead of waiting in a collective (TensorFlow's own heartbeat took 25-45 s here,
-    whatever --collective_timeout said). Stop it after the last collective: a worker that
-    finished first is not a dead one."""
+    exits, instead of waiting in a collective (TensorFlow's own heartbeat notices much later,
+    whatever --collective_timeout says: docs/strategies.md, what the engine checks). Stop it after
+    the last collective: a worker that finished first is not a dead one."""
 
     def __init__(self, cluster, timeout: float):
         self.cluster = cluster

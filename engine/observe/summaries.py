@@ -38,11 +38,12 @@ class SummaryWriter:
         self._scalar_writers = {}
 
     def write_scalars(self, step: int, scalars: dict, every_loop: bool = False) -> None:
-        """Names written again (every loop's scalars) are written by one compiled call (about
-        0.3 ms) instead of an eager op chain per scalar (about 0.3 ms each). A name set is compiled
-        the second time it is written, or at once with `every_loop` (its trace, about 70 ms, then
-        falls in the run's first loop, which the run's throughput leaves out, not in a timed one).
-        The compiled call sets its writer itself (and flushes it once, as as_default does on exit)."""
+        """Names written again (every loop's scalars) are written by one compiled call instead of
+        an eager op chain per scalar, which costs about as much per scalar as the compiled call for
+        all of them (docs/tensorboard.md, what it costs). A name set is compiled the second time it
+        is written, or at once with `every_loop` (its trace then falls in the run's first loop,
+        which the run's throughput leaves out, not in a timed one). The compiled call enters its
+        writer itself (and flushes it once, as as_default does on exit)."""
         if self._writer is None:
             return
         names = tuple(scalars)
