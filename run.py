@@ -122,9 +122,9 @@ def entry_point() -> None:
         raise
     finally:
         # The run is over (writers and checkpoints closed, atexit handlers still to come): spare
-        # the interpreter's last full garbage collection over TensorFlow's and Keras' objects. It
-        # cost each process 1-2 s of CPU, 4-6 s after the summary for two local workers on 2 busy
-        # cores (0.5 s frozen). Objects are still freed by reference count as modules unload.
+        # the interpreter's last full garbage collection over TensorFlow's and Keras' objects, a
+        # visible wait at exit (docs/performance.md#whole-process-time-to-a-result). Objects are
+        # still freed by reference count as modules unload.
         import gc
 
         gc.freeze()

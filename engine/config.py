@@ -166,7 +166,7 @@ class Config:
         "per-replica batches, strategy.distribute_datasets_from_function) or resident (the training arrays in "
         "every replica's device memory, each batch gathered inside the compiled loop; the same batches, no "
         "tf.data; a streamed source (tfrecord:, images:, tfds:) is then read and decoded whole at start-up, "
-        "within the resident size limit (docs/strategies.md), and drawn in the order of in-memory data).",
+        "within the in-memory limit (docs/data.md#the-in-memory-limit), and drawn in the order of in-memory data).",
         choices=INPUT_MODES,
     )
     # Data.

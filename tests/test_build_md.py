@@ -124,7 +124,7 @@ def test_the_parser_finds_build_md_s_names():
         ("engine/controller/state.py", "create_state"),
         ("engine/models/registry.py", "MODELS"),
         ("engine/data/sources.py", "SOURCE_KINDS"),
-        ("engine/controller/trainer.py", "_Run.run_loop"),
+        ("engine/controller/trainer.py", "Trainer.run_loop"),
     } <= symbols
     assert ("engine/controller/checkpoints.py", "writable") not in symbols  # `writable=False` is an argument
 

@@ -150,7 +150,7 @@ def test_readme_flag_table_shows_the_flag_definitions_defaults():
     """Each row's default is the absl default of its flag (a row of several flags gives one default
     each, split by " / " or ", "); the two descriptive defaults are checked for what they describe."""
     from engine.optimizers import OPTIMIZERS
-    from flags.definitions import default_model_dir
+    from engine.config import default_model_dir
 
     flag_values = absl_flags.FlagValues()
     define_flags(flag_values)
@@ -168,7 +168,7 @@ def test_readme_flag_table_shows_the_flag_definitions_defaults():
                 assert flag.default is None and note == flag_values["optimizer"].default
                 assert float(shown) == OPTIMIZERS[note][2], f"--learning_rate: README {shown}, {note}'s rate"
             elif name == "model_dir":  # no flag default: made from other flags and the start time
-                assert flag.default is None and note is None
+                assert flag.default == "" and note is None  # empty: a new run's directory
                 for other in ("dataset", "model", "strategy"):
                     shown = shown.replace(f"<{other}>", str(flag_values[other].default))
                 pattern = r"\d{8}-\d{6}".join(re.escape(piece) for piece in shown.split("<time>"))
