@@ -64,6 +64,12 @@ def _model_name(model: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
 
 
+def export_format_list(text: str):
+    """--export_formats as a tuple of EXPORT_FORMATS; None when it names another one, or none."""
+    formats = tuple(part.strip() for part in text.split(",") if part.strip())
+    return formats if formats and all(f in EXPORT_FORMATS for f in formats) else None
+
+
 def _option(default, help: str, *, choices=None, lower=None, upper=None):
     """A Config field that is also a flag: its default (the only place it is written), its help
     (meaning and units), and the bounds or choices the flag enforces."""

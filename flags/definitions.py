@@ -55,7 +55,7 @@ CHECKS = {
     "weight_decay": (_finite_or_none, "must be a finite number >= 0"),
     "clip_norm": (_finite_or_none, "must be a finite number >= 0"),
     "export_formats": (
-        lambda text: bool(text.strip()) and all(part.strip() in EXPORT_FORMATS for part in text.split(",")),
+        lambda text: engine_config.export_format_list(text) is not None,
         "use " + ", ".join(EXPORT_FORMATS) + " or a comma-separated list of them",
     ),
 }

@@ -64,7 +64,7 @@ def render() -> str:
     """The whole page, from a fresh FlagValues with every engine flag defined."""
     flag_values = absl_flags.FlagValues()
     define_flags(flag_values)
-    every = list(flag_values._flags().items())  # name -> Flag, in definition order
+    every = [(name, flag_values[name]) for name in flag_values]  # in definition order
     firsts = {first: heading for heading, first in SECTIONS}
     names = [name for name, _ in every]
     missing = [first for first in firsts if first not in names]

@@ -12,16 +12,14 @@ import os
 from engine.controller import export as exporters
 from engine.controller.actions.base import Action, ActionContext
 
-FORMATS = ("keras", "saved_model")
-
 
 def parse_formats(text: str) -> tuple:
+    from engine.config import EXPORT_FORMATS, export_format_list
     from engine.errors import UserError
 
-    formats = tuple(part.strip() for part in text.split(",") if part.strip())
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown or not formats:
-        raise UserError(f"--export_formats={text!r}: use a comma-separated list of {', '.join(FORMATS)}")
+    formats = export_format_list(text)
+    if formats is None:
+        raise UserError(f"--export_formats={text!r}: use a comma-separated list of {', '.join(EXPORT_FORMATS)}")
     return formats
 
 
