@@ -11,6 +11,7 @@ import importlib.util
 import os
 import re
 import sys
+import traceback
 
 from engine.errors import UserError
 
@@ -32,7 +33,11 @@ def _import_module(name: str, flag: str, value: str):
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as err:
-        raise UserError(f"--{flag}={value!r}: cannot import module {name!r} ({err})") from None
+        if err.name is not None and name.startswith(err.name):  # the module itself (or its package)
+            raise UserError(f"--{flag}={value!r}: cannot import module {name!r} ({err})") from None
+        raise _import_failed(err, flag, value, name) from None
+    except Exception as err:  # a syntax error or an exception while the module ran
+        raise _import_failed(err, flag, value, name) from None
 
 
 def _import_file(path: str, flag: str, value: str):
@@ -43,5 +48,36 @@ def _import_file(path: str, flag: str, value: str):
     module_spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[module_name] = module
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as err:  # a syntax error, a missing import, an exception at import
+        del sys.modules[module_name]
+        raise _import_failed(err, flag, value, path) from None
     return module
+
+
+def _import_failed(err: Exception, flag: str, value: str, what: str) -> UserError:
+    """One line for a user file or module that failed to import: where (file:line of the user's
+    code, the deepest frame outside the engine) and why."""
+    if isinstance(err, SyntaxError) and err.filename:
+        where = f"{_shown(err.filename)}:{err.lineno}"
+        why = f"{type(err).__name__}: {err.msg}"
+    else:
+        frames = [f for f in traceback.extract_tb(err.__traceback__) if not _is_ours(f.filename)]
+        where = f"{_shown(frames[-1].filename)}:{frames[-1].lineno}" if frames else what
+        why = f"{type(err).__name__}: {err}"
+    return UserError(f"--{flag}={value!r}: importing {what} failed at {where}: {why}")
+
+
+_ENGINE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _is_ours(filename: str) -> bool:
+    """The engine's own frames and the import machinery's: never the place of a user's mistake."""
+    return filename.startswith(_ENGINE + os.sep) or filename.startswith("<frozen ")
+
+
+def _shown(filename: str) -> str:
+    """A path relative to the working directory when it is below it (as the user wrote it)."""
+    relative = os.path.relpath(filename)
+    return filename if relative.startswith("..") else relative
