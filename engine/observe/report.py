@@ -49,6 +49,12 @@ def banner(config, placement, data, per_replica, schedule, seed, model, start_st
             "note         mirrored found a single device: this run is not distributed "
             "(use --cpu_replicas=N to split the CPU into N replicas)"
         )
+    if config.precision == "mixed_float16" and not any("GPU" in device.upper() for device in placement.devices):
+        lines.append(
+            "note         mixed_float16 on a CPU: no fast float16 kernels here, so it trains many times slower "
+            "than float32 (measured: docs/performance.md#bfloat16-and-xla-on-a-cpu); --precision=mixed_bfloat16 "
+            "needs no loss scaling and is fast on CPUs"
+        )
     out.write("\n".join(lines) + "\n")
     out.flush()
 
