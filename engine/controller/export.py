@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 
+import keras
 import tensorflow as tf
 
 from engine.data.formats import normalise_features
@@ -26,11 +27,22 @@ from engine.data.formats import normalise_features
 OUTPUTS = ("probabilities", "logits")
 
 
-def export_keras(model, path: str) -> str:
-    """model.save(path) (a `.keras` file, keras.models.load_model), creating its directory."""
+def export_keras(model, path: str) -> str | None:
+    """model.save(path) (a `.keras` file, keras.models.load_model), creating its directory; then
+    loads it back, since a saved file is not always a loadable one (a Lambda layer, an unregistered
+    custom layer). Returns None when it does not load: `unloadable(path)` says why."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     model.save(path)
-    return path
+    return None if unloadable(path) else path
+
+
+def unloadable(path: str) -> str:
+    """Why keras.models.load_model(path) fails, in one line; empty when it loads."""
+    try:
+        keras.models.load_model(path, compile=False)
+    except Exception as err:  # any failure means the file does not serve as an export
+        return f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+    return ""
 
 
 def _own_input(model, spec):

@@ -40,7 +40,15 @@ class Export(Action):
         paths = []
         with context.export_weights():
             if "keras" in self.formats:
-                paths.append(exporters.export_keras(model, os.path.join(directory, "model.keras")))
+                keras_path = os.path.join(directory, "model.keras")
+                if exporters.export_keras(model, keras_path):
+                    paths.append(keras_path)
+                else:
+                    context.message(
+                        f"export: {keras_path} was written but does not load back with keras.models.load_model "
+                        f"({exporters.unloadable(keras_path)}); --export_formats=saved_model exports a model "
+                        "that serves (docs/serving.md)"
+                    )
             if "saved_model" in self.formats:
                 paths.append(
                     exporters.export_saved_model(model, context.data_spec, os.path.join(directory, "saved_model"), step)
