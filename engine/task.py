@@ -51,6 +51,9 @@ class Task:
     # The model maps the data's features to one logit per class: the engine then draws confusion
     # matrices and misclassified examples after each evaluation. Set False for other models (a GAN).
     is_classifier = True
+    # A model with several outputs: the one holding the class logits (an index, an output layer's
+    # name or a dict key) for the confusion matrix and the pictures; None: pictures off for it.
+    classifier_output = None
 
     # Optional: a staticmethod (serialized tf.train.Example) -> (features, label) for
     # --dataset=tfrecord:... files not in the default schema; it runs before the Task exists (its

@@ -11,6 +11,7 @@ import importlib.util
 import os
 import re
 import sys
+import sysconfig
 import traceback
 
 from engine.errors import UserError
@@ -63,18 +64,36 @@ def _import_failed(err: Exception, flag: str, value: str, what: str) -> UserErro
         where = f"{_shown(err.filename)}:{err.lineno}"
         why = f"{type(err).__name__}: {err.msg}"
     else:
-        frames = [f for f in traceback.extract_tb(err.__traceback__) if not _is_ours(f.filename)]
-        where = f"{_shown(frames[-1].filename)}:{frames[-1].lineno}" if frames else what
+        where = user_frame(err) or what
         why = f"{type(err).__name__}: {err}"
     return UserError(f"--{flag}={value!r}: importing {what} failed at {where}: {why}")
 
 
 _ENGINE = os.path.dirname(os.path.abspath(__file__))
+_LIBRARIES = tuple(
+    {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+)
 
 
 def _is_ours(filename: str) -> bool:
-    """The engine's own frames and the import machinery's: never the place of a user's mistake."""
-    return filename.startswith(_ENGINE + os.sep) or filename.startswith("<frozen ")
+    """The engine's frames, the standard library's and installed packages' (TensorFlow, Keras),
+    the import machinery's and autograph's generated code: never the place of a user's mistake."""
+    return (
+        filename.startswith(_ENGINE + os.sep)
+        or filename.startswith("<")
+        or "site-packages" in filename
+        or "__autograph_generated" in filename
+        or filename.startswith(_LIBRARIES)
+    )
+
+
+def user_frame(err: BaseException) -> str:
+    """file:line of the deepest frame of user code in `err`'s traceback, or in the "File ..., line N"
+    lines TensorFlow puts in the message of an error raised while tracing; "" if none."""
+    frames = [(f.filename, f.lineno) for f in traceback.extract_tb(err.__traceback__)]
+    frames += [(name, int(line)) for name, line in re.findall(r'File "([^"]+)", line (\d+)', str(err))]
+    found = [(name, line) for name, line in frames if not _is_ours(name)]
+    return f"{_shown(found[-1][0])}:{found[-1][1]}" if found else ""
 
 
 def _shown(filename: str) -> str:

@@ -98,6 +98,9 @@ def build_run(config, out) -> BuiltRun:
         config.model_dir, placement.is_chief, ("train", "eval", "eval_ema") if config.ema_decay else ("train", "eval")
     )
     monitor = Monitor(config, writers, task, data, is_chief=placement.is_chief)
+    pictures_off = monitor.check_pictures()  # before training: a model the pictures do not fit is named now
+    if pictures_off:
+        out.write(f"note         classification pictures off: {pictures_off}\n")
     if start_step == 0:
         monitor.at_start(report.config_markdown(config, run_facts), run_facts)
     train_data = _train_data(config, placement, data, task, state)

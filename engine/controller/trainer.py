@@ -11,9 +11,11 @@ import math
 import os
 import sys
 import time
+import traceback
 
 import tensorflow as tf
 
+from engine import user_code
 from engine.controller import job
 from engine.controller.actions.base import ActionContext
 from engine.controller.actions.export import Export
@@ -322,10 +324,29 @@ class Trainer:
                 else "no checkpoint was written yet"
             )
             first_line = (str(err).strip().splitlines() or [""])[0][:300]
+            where = user_code.user_frame(err)
+            written = self._write_traceback(err, what)
             raise ExtraFailed(
-                f"{what} failed at step {self.step}: {type(err).__name__}: {first_line}; {saved}; "
-                "rerun the same command to continue from it"
+                f"{what} failed at step {self.step}: {type(err).__name__}: {first_line}"
+                + (f" (at {where})" if where else "")
+                + f"; {saved}; the full traceback is in {written}; "
+                "fix the cause, then the same command continues from the checkpoint"
             ) from err
+
+    def _write_traceback(self, err: BaseException, what: str) -> str:
+        """<model_dir>/errors/step-N-<time>.txt with the failure's whole traceback (chief only); its path."""
+        if not self.built.placement.is_chief:
+            return "the chief's <model_dir>/errors/"
+        directory = os.path.join(self.built.config.model_dir, "errors")
+        path = os.path.join(directory, f"step-{self.step}-{time.strftime('%Y%m%d-%H%M%S')}.txt")
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with open(path, "w") as f:
+                f.write(f"{what} failed at step {self.step}\n\n")
+                f.write("".join(traceback.format_exception(type(err), err, err.__traceback__)))
+        except OSError as write_error:
+            return f"(not written: {write_error})"
+        return path
 
     def _result(self) -> RunResult:
         built = self.built

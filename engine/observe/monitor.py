@@ -59,6 +59,7 @@ class Monitor:
         self.profile = parse_profile_steps(config.profile_steps)
         self._profiling = False
         self._predict = None
+        self.pictures_off = None  # why the classification pictures are off (check_pictures), or None
 
     @property
     def marks(self) -> tuple:
@@ -172,21 +173,52 @@ class Monitor:
             ),
         )
 
+    def draws_pictures(self) -> bool:
+        spec = self.data.spec
+        wanted = getattr(self.task, "is_classifier", True) and spec.num_classes and spec.labels.shape.rank == 0
+        return bool(wanted and self.pictures_off is None)
+
+    def check_pictures(self) -> str:
+        """Before training, on one test example: "" when the classification pictures will work, else
+        why they are off (then they stay off), so a model they do not fit never fails after training."""
+        if not (self.full and self.is_chief and self.draws_pictures()):
+            return ""
+        try:
+            self._predict = self._predict_function()
+            features, _ = next(iter(self.data.test_batches(1)))
+            probabilities = self._predict(features).numpy()
+        except UserError:
+            raise
+        except Exception as err:  # any model the pictures cannot use: off, with its reason
+            self.pictures_off = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+            return self.pictures_off
+        if probabilities.ndim != 2 or probabilities.shape[-1] != self.data.spec.num_classes:
+            self.pictures_off = (
+                f"the model's output has shape {list(probabilities.shape)}, not one logit per class "
+                f"({self.data.spec.num_classes}); set is_classifier = False or classifier_output"
+            )
+        return self.pictures_off or ""
+
+    def _predict_function(self):
+        model, spec, choice = self.task.model, self.data.spec, getattr(self.task, "classifier_output", None)
+
+        # autograph off: a bad classifier_output's error then reaches the user as raised (one line).
+        @tf.function(input_signature=[tf.TensorSpec([None, *spec.input_shape], spec.features.dtype)], autograph=False)
+        def predict(x):
+            return tf.nn.softmax(tf.cast(class_logits(model, model(x, training=False), choice), tf.float32))
+
+        return predict
+
     def _predictions(self):
         """(labels, class probabilities, the first wrong images) over every test example, from the
         chief's local copy of the weights: a plain forward pass outside strategy.run reads mirrored
         variables locally (no collective). None when the data has no classes or the model's outputs
         are not one logit per class (a custom Task), or the Task says it is no classifier."""
-        model, spec = self.task.model, self.data.spec
-        if not getattr(self.task, "is_classifier", True) or not spec.num_classes or spec.labels.shape.rank != 0:
+        if not self.draws_pictures():
             return None
+        spec = self.data.spec
         if self._predict is None:
-
-            @tf.function(input_signature=[tf.TensorSpec([None, *spec.input_shape], spec.features.dtype)])
-            def predict(x):
-                return tf.nn.softmax(tf.cast(model(x, training=False), tf.float32))
-
-            self._predict = predict
+            self._predict = self._predict_function()
         all_labels, all_probabilities, wrong_images = [], [], []
         for features, labels in self.data.test_batches(PREDICT_BATCH):
             probabilities = self._predict(features).numpy()
@@ -198,3 +230,20 @@ class Monitor:
             all_labels.append(labels)
             all_probabilities.append(probabilities)
         return np.concatenate(all_labels), np.concatenate(all_probabilities), wrong_images
+
+
+def class_logits(model, outputs, choice):
+    """The class logits among a model's outputs: the only output, or `choice` (Task.classifier_output:
+    an index, an output name or a dict key) of several."""
+    if not isinstance(outputs, (list, tuple, dict)):
+        return outputs
+    if choice is None:
+        raise ValueError(f"the model has {len(outputs)} outputs and the Task names none of them as classifier_output")
+    names = list(outputs) if isinstance(outputs, dict) else list(getattr(model, "output_names", []) or [])
+    if isinstance(outputs, dict) or isinstance(choice, str):
+        if choice not in names:
+            raise UserError(f"classifier_output={choice!r} is not one of the model's outputs {names}")
+        return outputs[choice] if isinstance(outputs, dict) else outputs[names.index(choice)]
+    if not -len(outputs) <= choice < len(outputs):
+        raise UserError(f"classifier_output={choice!r}: the model has {len(outputs)} outputs")
+    return outputs[choice]

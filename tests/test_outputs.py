@@ -1,0 +1,56 @@
+"""Several model outputs: the Task names the one with the class logits (classifier_output) and the
+classification pictures use it; without it they are off with one banner line, never a failure after
+training. A failing extra names the user's file:line and keeps its whole traceback in errors/."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+from helpers import REPO, small_config, tensorboard_run
+
+from engine.controller.trainer import train
+from engine.errors import ExtraFailed
+
+TASKS = os.path.join(REPO, "tests", "tasks_outputs.py")
+
+
+def _train(tmp_path, task, **changes):
+    out = io.StringIO()
+    result = train(small_config(tmp_path, task=f"{TASKS}:{task}", **changes), out=out)
+    return result, out.getvalue()
+
+
+def _eval_tags(tmp_path):
+    return set(tensorboard_run(tmp_path / "eval").Tags()["tensors"])
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("task", ["TwoHeadedTask", "TwoHeadedByIndexTask"])
+def test_a_two_headed_classifier_draws_the_pictures_of_its_classifier_output(tmp_path, task):
+    result, printed = _train(tmp_path, task)
+    assert result.final_step == 6 and 0 <= result.eval_metrics["accuracy"] <= 1
+    assert "confusion_matrix" in _eval_tags(tmp_path)
+    assert "pictures off" not in printed
+
+
+def test_a_multi_output_model_without_classifier_output_finishes_with_the_pictures_off(tmp_path):
+    result, printed = _train(tmp_path, "TwoHeadedUnnamedTask", strategy="mirrored", cpu_replicas=2)
+    assert result.final_step == 6
+    notes = [line for line in printed.splitlines() if "classification pictures off" in line]
+    assert len(notes) == 1 and "classifier_output" in notes[0], printed
+    assert "confusion_matrix" not in _eval_tags(tmp_path)
+
+
+def test_a_failing_extra_names_the_users_line_and_keeps_the_traceback(tmp_path):
+    with pytest.raises(ExtraFailed) as raised:
+        _train(tmp_path, "FailingSummaryTask", model="mlp")
+    line = next(n for n, text in enumerate(open(TASKS), 1) if "LINE OF THE FAILURE" in text)
+    message = str(raised.value)
+    assert f"tasks_outputs.py:{line}" in message and "KeyError" in message and "\n" not in message, message
+    written = os.listdir(tmp_path / "errors")
+    assert len(written) == 1
+    with open(tmp_path / "errors" / written[0]) as f:
+        assert "Traceback" in f.read()
+    assert "rerun the same command" not in message  # the same failure would come back
