@@ -23,13 +23,13 @@ class StopRun(Exception):
 
 class ExtraFailed(StopRun):
     """Host-side work after training steps (summaries, best checkpoint, export) raised: the
-    checkpoint written before it is kept; run.py prints one line and exits 1 (a bug to fix)."""
+    checkpoint written before it is kept; run.py prints one line and exits as BUG (a bug to fix)."""
 
     exit_code = exit_codes.BUG.code
 
 
 class UserError(StopRun):
-    """A bad flag, file or setup. run.py prints its message as one line and exits 2.
+    """A bad flag, file or setup. run.py prints its message as one line and exits as BAD_INPUT.
 
     The message names the bad input and says what to do; no traceback is shown.
     """

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.fast
 
 FIGURE = re.compile(
     r"\b\d+(?:[.,]\d+)?\s?(?:%|ms|us|µs|KB|MB|GB|KiB|MiB|GiB|x (?:slower|faster))(?!\w)"
+    r"|\b(?:a|one|\d+(?:\.\d+)?) (?:milli|micro)seconds?\b"
     r"|\b\d+(?:\.\d+)?\s?s (?:of CPU|a step|per step|each)"
 )
 # Figures that are not measurements: (file, the figure), each with why it may stay.
@@ -60,4 +61,5 @@ def test_no_benchmark_figures_in_code_text():
 def test_the_figure_pattern_finds_what_it_is_for():
     assert FIGURE.search("about 3x slower for the CNN") and FIGURE.search("+13 % on a 0.4 ms step")
     assert FIGURE.search("75 MB a run") and FIGURE.search("cost 1-2 s of CPU")
+    assert FIGURE.search("about a millisecond per image")
     assert not FIGURE.search("a step of 64 examples") and not FIGURE.search("exit 138")

@@ -2,7 +2,7 @@
 --loss_upper_bound) restores the last checkpoint (weights, every optimizer, the Task's state, the
 EMA weights, the loss scale) and training goes on from there with the data moved past the bad
 batch, so the same batches are not replayed; after --max_rollbacks rollbacks the next bad step
-stops the run as --on_nonfinite=stop does (exit 4).
+stops the run as --on_nonfinite=stop does (NON_FINITE).
 
 The bad flag is computed from all-reduced values, so every worker rolls back at the same step to
 the same checkpoint (every worker reads the chief's, as on resume). The data position is

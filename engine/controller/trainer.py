@@ -208,7 +208,7 @@ class Trainer:
             )
 
     def _bad_step(self, bad_step: int) -> None:
-        """A bad step with --on_nonfinite=stop or rollback: roll back while allowed, else stop (exit 4)."""
+        """A bad step with --on_nonfinite=stop or rollback: roll back while allowed, else stop (NON_FINITE)."""
         config, rollback = self.built.config, self.built.rollback
         if rollback is not None and rollback.allowed(self.built.state):
             self.roll_back(bad_step)
@@ -309,7 +309,7 @@ class Trainer:
     @contextlib.contextmanager
     def _extra(self, what: str):
         """Host-side work after training steps (summaries, best, export): a failure there ends the
-        run in one line (exit 1) and keeps the checkpoint written before it (invariant 12)."""
+        run in one line (ExtraFailed) and keeps the checkpoint written before it (invariant 12)."""
         try:
             yield
         except (StopRun, KeyboardInterrupt):

@@ -24,7 +24,7 @@ are read while training (decoding every file at start-up would cost a whole epoc
 before the first step): a file that is not a PNG or JPEG (by its first bytes), or whose size
 differs without --image_size, stops the run with an InvalidArgumentError that names the file; a
 file with a valid header but a corrupt body fails inside decode_image, whose message does not. To
-check every file before a long run (about a millisecond per small image):
+check every file before a long run (it only decodes, no training):
   python -m engine.data.image_folders DIR [--image_size=H,W]
 lists each file that does not decode (or, without --image_size, has another size) and exits 1.
 

@@ -3,8 +3,8 @@ TF_CONFIG starts N workers on 127.0.0.1 (like torchrun's standalone mode).
 
 Each worker gets free ports and its own consistent TF_CONFIG; output lines are prefixed with
 "[worker i]"; the first worker to fail stops the others (SIGTERM, then SIGKILL after a grace
-period); Ctrl-C or SIGTERM is passed on to every worker (they save a checkpoint and exit 138, see
-engine/distribute/preemption.py); the exit code is the first non-zero one. With max_restarts=K a
+period); Ctrl-C or SIGTERM is passed on to every worker (they save a checkpoint and exit as
+PREEMPTED, see engine/distribute/preemption.py); the exit code is the first non-zero one. With max_restarts=K a
 failure a restart may cure (engine/exit_codes.py: >= 128, or killed by a signal) starts the whole
 cluster again on fresh ports, up to K times; the workers resume from the last checkpoint and the
 chief logs the count as the TensorBoard scalar `restarts`. No TensorFlow is imported here.
@@ -150,7 +150,7 @@ def _launch_once(num_workers: int, args: list, script: str, out, evaluator: bool
         sig = signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT
         with lock:
             out.write(f"launcher: {signal.Signals(sig).name}; stopping all workers\n")
-        _stop(processes, sig, grace=PREEMPTION_GRACE_SECONDS)  # workers save a checkpoint, exit 138
+        _stop(processes, sig, grace=PREEMPTION_GRACE_SECONDS)  # workers save a checkpoint, exit as PREEMPTED
         exit_code = next((p.returncode for p in processes if p.returncode), 128 + sig)
         interrupted = True
     finally:
