@@ -20,10 +20,20 @@ from engine.config import Config
 from engine.data import tfrecord
 from engine.distribute.strategy import build_strategy
 from engine.loop import make_eval_loop
-from tasks import IdCountingTask
+from tasks_data import IdCountingTask
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TEST_TASKS = os.path.join(REPO, "tests", "tasks.py")
+# The Tasks the tests load with --task=PATH:Name (or import), one file per concern; the engine
+# loads a Task file by its path, so these files import nothing from one another.
+TASKS_DATA = os.path.join(REPO, "tests", "tasks_data.py")  # own pipelines, example counting, augmentation
+TASKS_EQUIVALENCE = os.path.join(REPO, "tests", "tasks_equivalence.py")  # N replicas like one; scaling mistakes
+TASKS_FAULTS = os.path.join(REPO, "tests", "tasks_faults.py")  # a worker fails, hangs, dies or slows down
+TASKS_NONFINITE = os.path.join(REPO, "tests", "tasks_nonfinite.py")  # NaN/Inf on one replica at one step
+TASKS_REFUSED = os.path.join(REPO, "tests", "tasks_refused.py")  # user-code mistakes refused or ended in one line
+TASKS_STATE = os.path.join(REPO, "tests", "tasks_state.py")  # extra models, optimizers, host state, collectives
+# The old name for the one file that held every test Task, still used by tests/test_rollback.py
+# (another engineer's file) for NanLossTask: drop it once that file says TASKS_NONFINITE.
+TEST_TASKS = TASKS_NONFINITE
 # train(config, **QUIET): no progress lines on the console
 QUIET = dict(out=open(os.devnull, "w"))
 
@@ -158,7 +168,7 @@ def run_cli_timed(*args, timeout=240, env=None) -> TimedRun:
         return TimedRun(process.returncode, sorted(lines, key=lambda entry: entry[0]), exited)
 
 
-NO_DROPOUT = f"{TEST_TASKS}:CnnBnNoDropoutTask"  # cnn_bn, dropout 0, BN momentum 0.5
+NO_DROPOUT = f"{TASKS_EQUIVALENCE}:CnnBnNoDropoutTask"  # cnn_bn, dropout 0, BN momentum 0.5
 
 
 def finish_all(processes, timeout=120):

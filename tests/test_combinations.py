@@ -21,7 +21,7 @@ import tensorflow as tf
 from helpers import (
     NO_DROPOUT,
     QUIET,
-    TEST_TASKS,
+    TASKS_STATE,
     explain,
     exported_weights,
     max_difference_by_name,
@@ -34,7 +34,7 @@ from engine.data.builtin import synthetic_arrays
 from engine.distribute.strategy import build_strategy
 from engine.loop import make_train_loop
 from engine.randomness import per_replica_randomness
-from tasks import CnnBnNoDropoutTask
+from tasks_equivalence import CnnBnNoDropoutTask
 
 # Data files the `data` feature reads, written by the `cli_runs` fixture before any run starts.
 DATA_DIR = os.path.join(tempfile.gettempdir(), f"ctl_combinations_{os.getpid()}")
@@ -69,7 +69,7 @@ FEATURES = (
             "classification": ("--task=classification",),
             "label_smoothing": ("--task=label_smoothing",),
             # two models, two optimizers through the engine's one update path (issue 23)
-            "two_optimizers": (f"--task={TEST_TASKS}:ProbeTask",),
+            "two_optimizers": (f"--task={TASKS_STATE}:ProbeTask",),
         },
     ),
     (

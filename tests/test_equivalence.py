@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers import QUIET, TEST_TASKS, exported_weights, small_config
+from helpers import QUIET, TASKS_EQUIVALENCE, exported_weights, small_config
 from engine.controller.trainer import train
 
 
@@ -41,7 +41,7 @@ def test_per_replica_mean_loss_breaks_equivalence(tmp_path):
     """The same comparison fails when each replica divides by its own batch: the gradients,
     summed over 2 replicas, come out twice as large. This is why engine.losses.replica_loss
     divides by the GLOBAL batch."""
-    task = f"{TEST_TASKS}:PerReplicaMeanTask"
+    task = f"{TASKS_EQUIVALENCE}:PerReplicaMeanTask"
     one = _trained_weights(tmp_path, "one", strategy="mirrored", cpu_replicas=1, optimizer="sgd", task=task)
     two = _trained_weights(tmp_path, "two", strategy="mirrored", cpu_replicas=2, optimizer="sgd", task=task)
     assert _max_difference(one, two) > 1e-3

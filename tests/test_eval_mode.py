@@ -15,7 +15,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-from helpers import QUIET, REPO, TEST_TASKS, run_cli, small_config, tensorboard_scalars
+from helpers import QUIET, REPO, TASKS_FAULTS, run_cli, small_config, tensorboard_scalars
 from engine.controller import best as best_lib
 from engine.controller.evaluator import evaluate
 from engine.controller.trainer import train
@@ -156,7 +156,7 @@ def test_killed_evaluator_does_not_disturb_training_and_a_restarted_one_continue
     args = [
         "--strategy=multi_worker_mirrored",
         *ARGS,
-        f"--task={TEST_TASKS}:SlowTrainingTask",
+        f"--task={TASKS_FAULTS}:SlowTrainingTask",
         "--train_steps=72",
         "--checkpoint_every=12",
         "--keep_checkpoints=10",

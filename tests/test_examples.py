@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import QUIET, REPO, TEST_TASKS, checkpoint_state, exported_by_name, small_config, tensorboard_run
+from helpers import QUIET, REPO, TASKS_REFUSED, checkpoint_state, exported_by_name, small_config, tensorboard_run
 
 from engine.controller.state import create_state
 from engine.controller.trainer import train
@@ -311,7 +311,7 @@ def test_the_teacher_comes_from_TEACHER_MODEL(tmp_path, monkeypatch):
 @pytest.mark.fast
 def test_a_gan_whose_summaries_crash_keeps_its_checkpoint(tmp_path):
     with pytest.raises(ExtraFailed, match="the summaries crash on purpose"):
-        train(small_config(tmp_path, task=f"{TEST_TASKS}:CrashingSummariesGanTask", model="mlp"), **QUIET)
+        train(small_config(tmp_path, task=f"{TASKS_REFUSED}:CrashingSummariesGanTask", model="mlp"), **QUIET)
     assert tf.train.latest_checkpoint(os.path.join(tmp_path, "checkpoints")).endswith("ckpt-6")
 
 
@@ -322,7 +322,7 @@ def test_a_gan_checkpoint_into_a_task_without_the_discriminator_is_refused(tmp_p
         train(
             small_config(
                 tmp_path / "run",
-                task=f"{TEST_TASKS}:GanWithoutDiscriminatorTask",
+                task=f"{TASKS_REFUSED}:GanWithoutDiscriminatorTask",
                 model="mlp",
                 train_steps=12,
                 allow_config_change=True,

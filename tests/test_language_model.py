@@ -18,7 +18,7 @@ from engine.data.spec import DataSpec
 from engine.distribute.strategy import build_strategy
 from engine.loop import make_train_loop
 from engine.tasks.language_model import LanguageModelTask
-from tasks import LocalTokenMeanTask
+from tasks_equivalence import LocalTokenMeanTask
 
 FORTUNES = "/usr/share/games/fortunes/fortunes"
 SEQ = 16

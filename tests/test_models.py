@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import NO_DROPOUT, TEST_TASKS, exported_by_name, max_difference_by_name, run_cli, trained_by_name
+from helpers import NO_DROPOUT, TASKS_EQUIVALENCE, exported_by_name, max_difference_by_name, run_cli, trained_by_name
 from engine.data.builtin import synthetic_arrays
 from engine.models.registry import build_model
 from engine.distribute.strategy import build_strategy
 
-NO_DROPOUT_UNSYNCED = f"{TEST_TASKS}:UnsyncedCnnBnNoDropoutTask"  # the same, BN synchronized=False
+NO_DROPOUT_UNSYNCED = f"{TASKS_EQUIVALENCE}:UnsyncedCnnBnNoDropoutTask"  # the same, BN synchronized=False
 
 
 def _train(model_dir, **overrides) -> dict:

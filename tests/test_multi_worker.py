@@ -15,7 +15,9 @@ import pytest
 from helpers import (
     QUIET,
     REPO,
-    TEST_TASKS,
+    TASKS_DATA,
+    TASKS_FAULTS,
+    TASKS_NONFINITE,
     checkpoint_state,
     exported_weights,
     finish_all,
@@ -107,7 +109,7 @@ def test_float16_overflow_on_one_worker_skips_everywhere_without_a_hang(tmp_path
         "--num_workers=2",
         "--precision=mixed_float16",
         "--grad_accum_steps=2",
-        f"--task={TEST_TASKS}:InfGradientTask",
+        f"--task={TASKS_NONFINITE}:InfGradientTask",
         *ARGS,
         f"--model_dir={tmp_path}",
         timeout=180,
@@ -213,7 +215,7 @@ def test_launcher_stops_the_rest_at_the_first_failure_and_never_retries_a_perman
         "--num_workers=2",
         *ARGS,
         "--max_restarts=2",
-        f"--task={TEST_TASKS}:FailOnWorkerOneTask",
+        f"--task={TASKS_FAULTS}:FailOnWorkerOneTask",
         f"--model_dir={tmp_path}",
         timeout=120,
     )
@@ -261,7 +263,7 @@ def test_two_workers_evaluate_every_streamed_example_once(tmp_path, shards):
         "--num_workers=2",
         *ARGS,
         f"--dataset={dataset}",
-        f"--task={TEST_TASKS}:IdCountingTask",
+        f"--task={TASKS_DATA}:IdCountingTask",
         f"--model_dir={tmp_path / 'run'}",
         timeout=180,
     )

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import QUIET, TEST_TASKS, exported_weights, small_config
+from helpers import QUIET, TASKS_EQUIVALENCE, exported_weights, small_config
 from engine.randomness import per_replica_randomness, replica_seed, seed_generators
 from engine.distribute.strategy import build_strategy
 from engine.task import Task
@@ -134,7 +134,7 @@ def _trained(tmp_path, name, **overrides):
     config = small_config(
         model_dir,
         model="mlp",
-        task=f"{TEST_TASKS}:DropoutTask",
+        task=f"{TASKS_EQUIVALENCE}:DropoutTask",
         strategy="mirrored",
         cpu_replicas=2,
         optimizer="sgd",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers import QUIET, TEST_TASKS, checkpoint_state, id_shards, small_config
+from helpers import QUIET, TASKS_DATA, checkpoint_state, id_shards, small_config
 from engine.controller.trainer import train
 from engine.errors import UserError
 
@@ -20,7 +20,7 @@ RUN = dict(
     global_batch=64,
     train_steps=23,
     steps_per_loop=5,
-    task=f"{TEST_TASKS}:FlipTask",
+    task=f"{TASKS_DATA}:FlipTask",
     deterministic=True,
     eval_every=-1,
 )

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import QUIET, TEST_TASKS, explain, exported_weights, run_cli, small_config, tensorboard_scalars
+from helpers import QUIET, TASKS_FAULTS, explain, exported_weights, run_cli, small_config, tensorboard_scalars
 
 from engine.controller.trainer import train
 
@@ -31,7 +31,7 @@ ARGS = [
 def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_undisturbed(tmp_path):
     proc = run_cli(
         *ARGS,
-        f"--task={TEST_TASKS}:KilledOnceTask",
+        f"--task={TASKS_FAULTS}:KilledOnceTask",
         "--max_restarts=2",
         f"--model_dir={tmp_path / 'run'}",
         "--export",

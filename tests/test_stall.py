@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from helpers import REPO, TEST_TASKS, explain, finish_all, run_cli
+from helpers import REPO, TASKS_FAULTS, explain, finish_all, run_cli
 
 from engine import exit_codes
 from engine.distribute.launch import worker_tf_configs
@@ -35,7 +35,7 @@ def test_a_blocked_input_pipeline_ends_the_run_as_stalled(tmp_path):
     started = time.monotonic()
     proc = run_cli(
         *ARGS,
-        f"--task={TEST_TASKS}:BlockingInputTask",
+        f"--task={TASKS_FAULTS}:BlockingInputTask",
         "--stall_timeout=4",
         f"--model_dir={tmp_path}",
         "--noexport",
@@ -61,7 +61,7 @@ def _workers(tmp_path, task, extra=()):
                     os.path.join(REPO, "run.py"),
                     "--strategy=multi_worker_mirrored",
                     *ARGS,
-                    f"--task={TEST_TASKS}:{task}",
+                    f"--task={TASKS_FAULTS}:{task}",
                     "--collective_timeout=30",
                     f"--model_dir={tmp_path}",
                     "--noexport",

@@ -12,17 +12,17 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import QUIET, TEST_TASKS, checkpoint_state, explain, run_cli, small_config, tensorboard_run
+from helpers import QUIET, TASKS_REFUSED, TASKS_STATE, checkpoint_state, explain, run_cli, small_config, tensorboard_run
 
 from engine.controller.state import create_state
 from engine.controller.trainer import train
 from engine.distribute.strategy import build_strategy
 from engine.errors import ExtraFailed, UserError
 from engine.task_state import top_level_names
-from tasks import SecondModelTask
+from tasks_state import SecondModelTask
 
 TWO = dict(strategy="mirrored", cpu_replicas=2)
-PROBE = f"{TEST_TASKS}:ProbeTask"
+PROBE = f"{TASKS_STATE}:ProbeTask"
 STATE = ("model/", "optimizer/", "task/")
 
 
@@ -82,7 +82,7 @@ def test_accumulated_micro_batches_train_both_models_like_the_whole_batch(tmp_pa
 
 @pytest.mark.fast
 def test_when_steps_an_optimizer_only_where_it_is_true(tmp_path):
-    train(_config(tmp_path, task=f"{TEST_TASKS}:EveryOtherProbeTask", **TWO), **QUIET)
+    train(_config(tmp_path, task=f"{TASKS_STATE}:EveryOtherProbeTask", **TWO), **QUIET)
     assert _iterations(tmp_path / "run", "task/probe_optimizer") == 3
     assert _iterations(tmp_path / "run", "optimizer") == 6
 
@@ -93,7 +93,7 @@ def test_a_non_finite_gradient_of_one_optimizer_skips_the_whole_update(tmp_path)
     result = train(
         _config(
             tmp_path,
-            task=f"{TEST_TASKS}:PoisonedProbeTask",
+            task=f"{TASKS_STATE}:PoisonedProbeTask",
             on_nonfinite="skip",
             train_steps=4,
             steps_per_loop=1,
@@ -176,13 +176,13 @@ def test_a_checkpoint_holding_a_model_the_task_lacks_is_refused_in_one_line(tmp_
 )
 def test_an_optimizer_the_engine_cannot_guard_is_refused(tmp_path, task, message):
     with pytest.raises(UserError, match=message):
-        train(_config(tmp_path, task=f"{TEST_TASKS}:{task}"), **QUIET)
+        train(_config(tmp_path, task=f"{TASKS_STATE}:{task}"), **QUIET)
 
 
 @pytest.mark.fast
 def test_state_no_checkpoint_can_hold_is_warned_about_once(tmp_path):
     out = io.StringIO()
-    train(_config(tmp_path, task=f"{TEST_TASKS}:CountingProbeTask", train_steps=9), out=out)
+    train(_config(tmp_path, task=f"{TASKS_STATE}:CountingProbeTask", train_steps=9), out=out)
     warnings = [line for line in out.getvalue().splitlines() if "self.evaluations" in line]
     assert len(warnings) == 1 and "changed during training" in warnings[0], out.getvalue()
 
@@ -202,7 +202,7 @@ def test_an_extra_model_does_not_move_the_main_models_initial_weights(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-COLLECTIVE = f"{TEST_TASKS}:CollectiveStepTask"
+COLLECTIVE = f"{TASKS_STATE}:CollectiveStepTask"
 
 
 def test_step_collectives_and_example_noise_are_the_same_whatever_the_replicas(tmp_path):
@@ -233,7 +233,7 @@ def test_a_step_collective_under_xla_with_mirrored_is_refused(tmp_path):
 @pytest.mark.fast
 def test_a_failing_extra_ends_the_run_and_keeps_the_checkpoint_of_its_step(tmp_path):
     with pytest.raises(ExtraFailed, match=r"failed at step 6: ValueError: after_eval fails on purpose"):
-        train(small_config(tmp_path, task=f"{TEST_TASKS}:FailingAfterEvalTask", model="mlp"), **QUIET)
+        train(small_config(tmp_path, task=f"{TASKS_REFUSED}:FailingAfterEvalTask", model="mlp"), **QUIET)
     assert tf.train.latest_checkpoint(os.path.join(tmp_path, "checkpoints")).endswith("ckpt-6")
 
 
@@ -244,4 +244,4 @@ def test_a_task_that_is_no_classifier_gets_no_confusion_matrix(tmp_path):
         return set(tensorboard_run(tmp_path / name / "eval").Tags()["tensors"])
 
     assert "confusion_matrix" in image_tags("classifier", "classification")
-    assert "confusion_matrix" not in image_tags("other", f"{TEST_TASKS}:NotAClassifierTask")
+    assert "confusion_matrix" not in image_tags("other", f"{TASKS_STATE}:NotAClassifierTask")
