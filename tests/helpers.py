@@ -75,13 +75,20 @@ def trained_by_name(model_dir, **overrides) -> dict:
     return exported_by_name(model_dir)
 
 
-def max_difference_by_name(a: dict, b: dict, moving_only=False) -> float:
-    """The largest absolute difference between two {weight path: array} of the same model
-    (moving_only: batch norm's moving statistics only)."""
-    assert a.keys() == b.keys()
-    names = [n for n in a if "moving_" in n] if moving_only else list(a)
-    assert names
-    return max(float(np.max(np.abs(a[n] - b[n]))) for n in names)
+def max_difference(a, b, moving_only=False) -> float:
+    """The largest absolute difference (in float64) between two runs' weights: two lists of arrays
+    in the same order (exported_weights), or two {name: array} with the same names (exported_by_name,
+    trained_by_name, checkpoint_state). Only floating-point arrays count (a checkpoint's step
+    counters are no weights); moving_only: batch norm's moving statistics only (names with "moving_")."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        pairs = [(a[n], b[n]) for n in a if "moving_" in n or not moving_only]
+    else:
+        assert not moving_only and len(a) == len(b)
+        pairs = list(zip(a, b))
+    pairs = [(x, y) for x, y in pairs if np.asarray(x).dtype.kind == "f"]
+    assert pairs
+    return max(float(np.max(np.abs(np.asarray(x, np.float64) - y))) for x, y in pairs)
 
 
 def tensorboard_run(logdir):

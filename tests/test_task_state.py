@@ -12,7 +12,17 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import QUIET, TASKS_REFUSED, TASKS_STATE, checkpoint_state, explain, run_cli, small_config, tensorboard_run
+from helpers import (
+    QUIET,
+    TASKS_REFUSED,
+    TASKS_STATE,
+    checkpoint_state,
+    explain,
+    max_difference,
+    run_cli,
+    small_config,
+    tensorboard_run,
+)
 
 from engine.controller.state import create_state
 from engine.controller.trainer import train
@@ -42,10 +52,11 @@ def _task_state_names(model_dir) -> set:
     return top_level_names(latest, "task")
 
 
-def _max_difference(a: dict, b: dict) -> float:
-    # The probe's kernel is stored once, under the first path to it (its optimizer's).
-    assert a.keys() == b.keys() and any(k.startswith("task/") and a[k].shape == (784, 10) for k in a)
-    return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a if a[k].dtype.kind == "f")
+def _state_difference(a: dict, b: dict) -> float:
+    """max_difference of two checkpoint states that hold the probe (its kernel is stored once, under
+    the first path to it: its optimizer's)."""
+    assert any(k.startswith("task/") and a[k].shape == (784, 10) for k in a)
+    return max_difference(a, b)
 
 
 @pytest.mark.fast
@@ -61,21 +72,23 @@ def test_a_resumed_two_optimizer_run_equals_an_uninterrupted_one(tmp_path):
     train(_config(tmp_path, "resumed", train_steps=12), **QUIET)
     train(_config(tmp_path, "straight", train_steps=12), **QUIET)
     resumed = checkpoint_state(tmp_path / "resumed", STATE)
-    assert _max_difference(resumed, checkpoint_state(tmp_path / "straight", STATE)) <= 1e-6
+    assert _state_difference(resumed, checkpoint_state(tmp_path / "straight", STATE)) <= 1e-6
     assert _iterations(tmp_path / "resumed", "task/probe_optimizer") == 12
 
 
 def test_two_replicas_train_both_models_like_one(tmp_path):
     train(_config(tmp_path, "two", **TWO), **QUIET)
     train(_config(tmp_path, "one", strategy="default"), **QUIET)
-    assert _max_difference(checkpoint_state(tmp_path / "two", STATE), checkpoint_state(tmp_path / "one", STATE)) <= 1e-5
+    assert (
+        _state_difference(checkpoint_state(tmp_path / "two", STATE), checkpoint_state(tmp_path / "one", STATE)) <= 1e-5
+    )
 
 
 def test_accumulated_micro_batches_train_both_models_like_the_whole_batch(tmp_path):
     train(_config(tmp_path, "accum", grad_accum_steps=2, **TWO), **QUIET)
     train(_config(tmp_path, "whole", **TWO), **QUIET)
     assert (
-        _max_difference(checkpoint_state(tmp_path / "accum", STATE), checkpoint_state(tmp_path / "whole", STATE))
+        _state_difference(checkpoint_state(tmp_path / "accum", STATE), checkpoint_state(tmp_path / "whole", STATE))
         <= 1e-5
     )
 
