@@ -38,21 +38,29 @@ TEST_TASKS = TASKS_NONFINITE
 QUIET = dict(out=open(os.devnull, "w"))
 
 
+# A fast run: synthetic data (said explicitly, so that no test depends on Config's default dataset),
+# few steps, a fixed seed. small_config builds it in-process, small_flags as run.py flags.
+SMALL_RUN = dict(
+    dataset="synthetic",
+    synthetic_train_examples=1024,
+    synthetic_test_examples=300,
+    global_batch=64,
+    train_steps=6,
+    steps_per_loop=3,
+    seed=7,
+)
+
+
 def small_config(model_dir, **overrides) -> Config:
-    """A fast run: synthetic data, few steps, fixed seed."""
-    settings = dict(
-        dataset="synthetic",
-        synthetic_train_examples=1024,
-        synthetic_test_examples=300,
-        global_batch=64,
-        train_steps=6,
-        steps_per_loop=3,
-        seed=7,
-        model_dir=str(model_dir),
-        export=False,
-    )
-    settings.update(overrides)
-    return Config(**settings)
+    """SMALL_RUN as a Config writing to model_dir, without an export unless overridden."""
+    return Config(**{**SMALL_RUN, "model_dir": str(model_dir), "export": False, **overrides})
+
+
+def small_flags(**changes) -> list:
+    """SMALL_RUN with `changes` (a value None drops that flag) as run.py flags, e.g.
+    small_flags(model="mlp") is small_config(..., model="mlp")'s run; --model_dir and --[no]export
+    are each test's to say."""
+    return [f"--{name}={value}" for name, value in {**SMALL_RUN, **changes}.items() if value is not None]
 
 
 def exported_weights(model_dir) -> list:

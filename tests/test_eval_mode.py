@@ -15,24 +15,15 @@ import keras
 import pytest
 import tensorflow as tf
 
-from helpers import QUIET, REPO, TASKS_FAULTS, run_cli, small_config, tensorboard_scalars
+from helpers import QUIET, REPO, TASKS_FAULTS, run_cli, small_config, small_flags, tensorboard_scalars
 from engine.controller import best as best_lib
 from engine.controller.evaluator import evaluate
 from engine.controller.trainer import train
 from engine.distribute.launch import worker_tf_configs
 from engine.errors import UserError
 
-# conftest.small_config(model="mlp") as flags.
-ARGS = [
-    "--dataset=synthetic",
-    "--synthetic_train_examples=1024",
-    "--synthetic_test_examples=300",
-    "--global_batch=64",
-    "--steps_per_loop=3",
-    "--seed=7",
-    "--model=mlp",
-    "--optimizer=adam",
-]
+# small_config(model="mlp", optimizer="adam") as flags; each test says its --train_steps.
+ARGS = small_flags(train_steps=None, model="mlp", optimizer="adam")
 EVAL_LINE = re.compile(r"eval   step (\d+): loss ([0-9.]+)  accuracy ([0-9.]+)")
 
 

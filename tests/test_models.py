@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import NO_DROPOUT, TASKS_EQUIVALENCE, exported_by_name, max_difference, run_cli, trained_by_name
+from helpers import (
+    NO_DROPOUT,
+    TASKS_EQUIVALENCE,
+    exported_by_name,
+    max_difference,
+    run_cli,
+    small_flags,
+    trained_by_name,
+)
 from engine.data.builtin import synthetic_arrays
 from engine.models.registry import build_model
 from engine.distribute.strategy import build_strategy
@@ -128,15 +136,7 @@ def test_synchronized_bn_two_workers_train_like_one(tmp_path, one_replica):
         "--strategy=multi_worker_mirrored",
         "--num_workers=2",
         "--collective_timeout=30",
-        "--dataset=synthetic",
-        "--synthetic_train_examples=1024",
-        "--synthetic_test_examples=300",
-        "--global_batch=64",
-        "--train_steps=2",
-        "--steps_per_loop=2",
-        "--seed=7",
-        "--model=cnn_bn",
-        "--optimizer=sgd",
+        *small_flags(train_steps=2, steps_per_loop=2, model="cnn_bn", optimizer="sgd"),
         f"--task={NO_DROPOUT}",
         f"--model_dir={tmp_path}",
         "--export",

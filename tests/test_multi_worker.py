@@ -23,6 +23,7 @@ from helpers import (
     finish_all,
     run_cli,
     small_config,
+    small_flags,
     tensorboard_run,
     tensorboard_scalars,
 )
@@ -31,19 +32,8 @@ from engine.controller.trainer import train
 from engine import exit_codes
 from engine.update import INITIAL_LOSS_SCALE
 
-# The same run as helpers.small_config(model="mlp"), as flags.
-ARGS = [
-    "--dataset=synthetic",
-    "--synthetic_train_examples=1024",
-    "--synthetic_test_examples=300",
-    "--global_batch=64",
-    "--train_steps=6",
-    "--steps_per_loop=3",
-    "--seed=7",
-    "--model=mlp",
-    "--optimizer=adam",
-    "--collective_timeout=30",
-]
+# The run of _single_process_weights (small_config(model="mlp", optimizer="adam")), as flags.
+ARGS = small_flags(model="mlp", optimizer="adam", collective_timeout=30)
 
 
 def _start(per_worker_args, timeout=120):

@@ -141,7 +141,7 @@ def test_auto_is_resident_unless_the_task_augments_each_example(tmp_path):
 
     arrays = sources.load(Config(dataset="synthetic", synthetic_train_examples=64, synthetic_test_examples=32))
     streamed = sources.load(Config(dataset=id_shards(tmp_path / "data")))
-    auto = Config()
+    auto = Config(dataset="synthetic")
     assert auto.input_mode == "auto"
     assert resolved_input_mode(auto, arrays, augmented=False) == "resident"
     assert resolved_input_mode(auto, arrays, augmented=True) == "distribute_dataset"  # augments beside the step

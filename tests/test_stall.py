@@ -10,21 +10,12 @@ import subprocess
 import sys
 import time
 
-from helpers import REPO, TASKS_FAULTS, explain, finish_all, run_cli
+from helpers import REPO, TASKS_FAULTS, explain, finish_all, run_cli, small_flags
 
 from engine import exit_codes
 from engine.distribute.launch import worker_tf_configs
 
-ARGS = [
-    "--dataset=synthetic",
-    "--synthetic_train_examples=1024",
-    "--synthetic_test_examples=300",
-    "--global_batch=64",
-    "--train_steps=16",
-    "--steps_per_loop=2",
-    "--seed=7",
-    "--model=mlp",
-]
+ARGS = small_flags(train_steps=16, steps_per_loop=2, model="mlp")
 
 
 def _stack_dumps(model_dir) -> list:

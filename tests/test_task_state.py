@@ -21,6 +21,7 @@ from helpers import (
     max_difference,
     run_cli,
     small_config,
+    small_flags,
     tensorboard_run,
 )
 
@@ -163,14 +164,7 @@ def test_a_checkpoint_holding_a_model_the_task_lacks_is_refused_in_one_line(tmp_
     train(_config(tmp_path), **QUIET)
     proc = run_cli(
         f"--model_dir={model_dir}",
-        "--dataset=synthetic",
-        "--synthetic_train_examples=1024",
-        "--synthetic_test_examples=300",
-        "--global_batch=64",
-        "--train_steps=12",
-        "--steps_per_loop=3",
-        "--seed=7",
-        "--model=mlp",
+        *small_flags(train_steps=12, model="mlp"),
         "--noexport",
         "--allow_config_change",
     )
