@@ -1,12 +1,16 @@
-"""Helpers the tests share: small configs, running run.py in a fresh process, reading what a run
-wrote (exported weights, checkpoints, TensorBoard events). Test modules import from here (or get
-fixtures from conftest.py); no test module imports another test module (tests/test_import_graph.py).
-conftest.py has already split the CPU into 2 logical devices when this module is imported."""
+"""Helpers the tests share: the test Tasks' files (TASKS_*), the small run (small_config in-process,
+small_flags for run.py), running run.py in a fresh process (run_cli to its end; start_cli and
+start_workers in the background, the latter a cluster of workers on 127.0.0.1), comparing runs
+(max_difference), reading what a run wrote (exported weights, checkpoints, TensorBoard events).
+Test modules import from here (or get fixtures from conftest.py); no test module imports another
+test module (tests/test_import_graph.py). conftest.py has already split the CPU into 2 logical
+devices when this module is imported."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -18,31 +22,49 @@ import tensorflow as tf
 
 from engine.config import Config
 from engine.data import tfrecord
+from engine.distribute.launch import worker_tf_configs
 from engine.distribute.strategy import build_strategy
 from engine.loop import make_eval_loop
-from tasks import IdCountingTask
+from tasks_data import IdCountingTask
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TEST_TASKS = os.path.join(REPO, "tests", "tasks.py")
+# The Tasks the tests load with --task=PATH:Name (or import), one file per concern; the engine
+# loads a Task file by its path, so these files import nothing from one another.
+TASKS_ACTIONS = os.path.join(REPO, "tests", "tasks_actions.py")  # a Task with its own action
+TASKS_DATA = os.path.join(REPO, "tests", "tasks_data.py")  # own pipelines, example counting, augmentation
+TASKS_EQUIVALENCE = os.path.join(REPO, "tests", "tasks_equivalence.py")  # N replicas like one; scaling mistakes
+TASKS_FAULTS = os.path.join(REPO, "tests", "tasks_faults.py")  # a worker fails, hangs, dies or slows down
+TASKS_NONFINITE = os.path.join(REPO, "tests", "tasks_nonfinite.py")  # NaN/Inf on one replica at one step
+TASKS_REFUSED = os.path.join(REPO, "tests", "tasks_refused.py")  # user-code mistakes refused or ended in one line
+TASKS_STATE = os.path.join(REPO, "tests", "tasks_state.py")  # extra models, optimizers, host state, collectives
+NO_DROPOUT = f"{TASKS_EQUIVALENCE}:CnnBnNoDropoutTask"  # cnn_bn, dropout 0, BN momentum 0.5
 # train(config, **QUIET): no progress lines on the console
 QUIET = dict(out=open(os.devnull, "w"))
 
 
+# A fast run: synthetic data (said explicitly, so that no test depends on Config's default dataset),
+# few steps, a fixed seed. small_config builds it in-process, small_flags as run.py flags.
+SMALL_RUN = dict(
+    dataset="synthetic",
+    synthetic_train_examples=1024,
+    synthetic_test_examples=300,
+    global_batch=64,
+    train_steps=6,
+    steps_per_loop=3,
+    seed=7,
+)
+
+
 def small_config(model_dir, **overrides) -> Config:
-    """A fast run: synthetic data, few steps, fixed seed."""
-    settings = dict(
-        dataset="synthetic",
-        synthetic_train_examples=1024,
-        synthetic_test_examples=300,
-        global_batch=64,
-        train_steps=6,
-        steps_per_loop=3,
-        seed=7,
-        model_dir=str(model_dir),
-        export=False,
-    )
-    settings.update(overrides)
-    return Config(**settings)
+    """SMALL_RUN as a Config writing to model_dir, without an export unless overridden."""
+    return Config(**{**SMALL_RUN, "model_dir": str(model_dir), "export": False, **overrides})
+
+
+def small_flags(**changes) -> list:
+    """SMALL_RUN with `changes` (a value None drops that flag) as run.py flags, e.g.
+    small_flags(model="mlp") is small_config(..., model="mlp")'s run; --model_dir and --[no]export
+    are each test's to say."""
+    return [f"--{name}={value}" for name, value in {**SMALL_RUN, **changes}.items() if value is not None]
 
 
 def exported_weights(model_dir) -> list:
@@ -65,13 +87,20 @@ def trained_by_name(model_dir, **overrides) -> dict:
     return exported_by_name(model_dir)
 
 
-def max_difference_by_name(a: dict, b: dict, moving_only=False) -> float:
-    """The largest absolute difference between two {weight path: array} of the same model
-    (moving_only: batch norm's moving statistics only)."""
-    assert a.keys() == b.keys()
-    names = [n for n in a if "moving_" in n] if moving_only else list(a)
-    assert names
-    return max(float(np.max(np.abs(a[n] - b[n]))) for n in names)
+def max_difference(a, b, moving_only=False) -> float:
+    """The largest absolute difference (in float64) between two runs' weights: two lists of arrays
+    in the same order (exported_weights), or two {name: array} with the same names (exported_by_name,
+    trained_by_name, checkpoint_state). Only floating-point arrays count (a checkpoint's step
+    counters are no weights); moving_only: batch norm's moving statistics only (names with "moving_")."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        pairs = [(a[n], b[n]) for n in a if "moving_" in n or not moving_only]
+    else:
+        assert not moving_only and len(a) == len(b)
+        pairs = list(zip(a, b))
+    pairs = [(x, y) for x, y in pairs if np.asarray(x).dtype.kind == "f"]
+    assert pairs
+    return max(float(np.max(np.abs(np.asarray(x, np.float64) - y))) for x, y in pairs)
 
 
 def tensorboard_run(logdir):
@@ -109,6 +138,205 @@ def run_cli(*args, timeout=240, env=None):
     return subprocess.run(command, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+class Background:
+    """`python run.py args...` running in the background (start_cli, start_workers). Reader threads
+    collect its output lines as they arrive, so it never blocks on a full pipe and a test can act at
+    a moment of its output (wait_for_line) or at one of its own choosing (send_signal, kill);
+    wait() bounds it. With merge_stderr (the default) stderr goes into stdout, in the order written.
+    A `with` block kills it at its end unless it has ended."""
+
+    def __init__(self, args, env=None, merge_stderr=True):
+        command, full_env = _cli(args, env)
+        self.started = time.monotonic()
+        self.exited = None  # seconds since start, once wait() or kill() has seen it end
+        self.process = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+        self.lines = []  # (seconds since start, "out" or "err", line), in order of arrival
+        self._arrived = threading.Condition()
+        streams = [(self.process.stdout, "out")] + ([] if merge_stderr else [(self.process.stderr, "err")])
+        self._readers = [threading.Thread(target=self._read, args=stream, daemon=True) for stream in streams]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stream, name):
+        for line in stream:
+            with self._arrived:
+                self.lines.append((time.monotonic() - self.started, name, line))
+                self._arrived.notify_all()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.kill()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def returncode(self):
+        return self.process.returncode
+
+    def poll(self):
+        return self.process.poll()
+
+    def send_signal(self, signum):
+        self.process.send_signal(signum)
+
+    def _text(self, streams) -> str:
+        with self._arrived:
+            return "".join(line for _, name, line in self.lines if name in streams)
+
+    @property
+    def output(self) -> str:
+        """All it has written so far, stdout and stderr."""
+        return self._text(("out", "err"))
+
+    @property
+    def stdout(self) -> str:
+        return self._text(("out",))
+
+    @property
+    def stderr(self) -> str:
+        return self._text(("err",))
+
+    def wait_for_line(self, pattern, timeout, running=()) -> str:
+        """Its first line that matches `pattern` (re.search), waited for up to `timeout` s; the test
+        fails if the line does not come, or if this process or one of `running` ends first."""
+        deadline, seen = time.monotonic() + timeout, 0
+        with self._arrived:
+            while True:
+                for _, _, line in self.lines[seen:]:
+                    if re.search(pattern, line):
+                        return line
+                seen = len(self.lines)
+                drained = self.poll() is not None and not any(reader.is_alive() for reader in self._readers)
+                left = deadline - time.monotonic()
+                if drained or left <= 0 or any(other.poll() is not None for other in running):
+                    break
+                self._arrived.wait(timeout=min(0.1, left))
+        raise AssertionError(
+            f"no line matching {pattern!r} within {timeout} s (exit code {self.poll()}, others' "
+            f"{[other.poll() for other in running]}):\n{self.output[-3000:]}"
+        )
+
+    def wait(self, timeout) -> int:
+        """Its exit code, once it ends within `timeout` s; else it is killed and the test fails."""
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"still running after {timeout} s:\n{self.output[-3000:]}") from None
+        self._ended()
+        return self.process.returncode
+
+    def kill(self):
+        """Ends it now (SIGKILL, which ends a stopped process too) unless it has ended."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=30)
+        self._ended()
+
+    def _ended(self):
+        if self.exited is None:
+            self.exited = time.monotonic() - self.started
+        for reader in self._readers:
+            reader.join(timeout=10)  # the pipes close when the process ends
+        if not any(reader.is_alive() for reader in self._readers):
+            for stream in (self.process.stdout, self.process.stderr):
+                if stream:
+                    stream.close()
+
+
+def start_cli(*args, env=None, merge_stderr=True) -> Background:
+    """Starts `python run.py args...` in a fresh process in the background (run_cli runs one to its end)."""
+    return Background(args, env, merge_stderr)
+
+
+class Cluster:
+    """The processes start_workers started: cluster[i] is worker i's Background (the evaluator's
+    last), with the TF_CONFIG it was given in tf_configs[i]. A `with` block kills what still runs
+    at its end."""
+
+    def __init__(self, processes: list, tf_configs: list):
+        self.processes, self.tf_configs = processes, tf_configs
+
+    def __getitem__(self, index) -> Background:
+        return self.processes[index]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.kill()
+
+    @property
+    def codes(self) -> list:
+        return [process.returncode for process in self.processes]
+
+    @property
+    def outputs(self) -> list:
+        return [process.output for process in self.processes]
+
+    def wait(self, timeout) -> list:
+        """Every exit code, once all have ended within `timeout` s (one deadline for all); else
+        every process is killed and the test fails."""
+        deadline = time.monotonic() + timeout
+        try:
+            for process in self.processes:
+                process.wait(max(0.0, deadline - time.monotonic()))
+        except AssertionError:
+            self.kill()
+            tails = "\n".join(f"--- process {i} ---\n{output[-3000:]}" for i, output in enumerate(self.outputs))
+            raise AssertionError(f"not every process ended within {timeout} s:\n{tails}") from None
+        return self.codes
+
+    def wait_for_line(self, index, pattern, timeout) -> str:
+        """Process `index`'s first line that matches `pattern`; fails if any process ends first."""
+        others = [process for i, process in enumerate(self.processes) if i != index]
+        return self.processes[index].wait_for_line(pattern, timeout, running=others)
+
+    def wait_until(self, condition, timeout) -> bool:
+        """Polls condition() every 0.1 s until it holds, `timeout` s pass or a process ends; returns condition()."""
+        deadline = time.monotonic() + timeout
+        while not condition() and time.monotonic() < deadline:
+            if any(process.poll() is not None for process in self.processes):
+                break
+            time.sleep(0.1)
+        return condition()
+
+    def kill(self):
+        for process in self.processes:
+            process.kill()
+
+
+def start_workers(args, n=2, *, per_worker=None, env=None, evaluator=False) -> Cluster:
+    """Starts `python run.py --strategy=multi_worker_mirrored args...` as `n` workers on free
+    127.0.0.1 ports, and with `evaluator` a sidecar evaluator after them, each given its TF_CONFIG
+    (and `env`); stderr goes into stdout. per_worker: more args for each process, a list each."""
+    tf_configs = worker_tf_configs(n, evaluator=evaluator)
+    extras = per_worker or [[] for _ in tf_configs]
+    assert len(extras) == len(tf_configs), (len(extras), len(tf_configs))
+    processes = []
+    try:
+        for tf_config, extra in zip(tf_configs, extras):
+            command = ["--strategy=multi_worker_mirrored", *args, *extra]
+            processes.append(Background(command, env={**(env or {}), "TF_CONFIG": tf_config}))
+    except BaseException:
+        for process in processes:
+            process.kill()
+        raise
+    return Cluster(processes, tf_configs)
+
+
 @dataclasses.dataclass
 class TimedRun:
     returncode: int
@@ -125,52 +353,11 @@ class TimedRun:
 
 
 def run_cli_timed(*args, timeout=240, env=None) -> TimedRun:
-    """Like run_cli, but notes when each stdout/stderr line arrived and when the process ended
-    (a reader thread per stream), e.g. to see how long it took to exit after its last line."""
-    command, full_env = _cli(args, env)
-    started = time.monotonic()
-    process = subprocess.Popen(
-        command, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
-    )
-    lines, lock = [], threading.Lock()
-
-    def read(stream, name):
-        for line in stream:
-            with lock:
-                lines.append((time.monotonic() - started, name, line))
-
-    readers = [
-        threading.Thread(target=read, args=(stream, name), daemon=True)
-        for stream, name in ((process.stdout, "out"), (process.stderr, "err"))
-    ]
-    for reader in readers:
-        reader.start()
-    try:
-        process.wait(timeout=timeout)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=30)
-    exited = time.monotonic() - started
-    for reader in readers:
-        reader.join(timeout=10)  # the pipes close when the process ends
-    with lock:
-        return TimedRun(process.returncode, sorted(lines, key=lambda entry: entry[0]), exited)
-
-
-NO_DROPOUT = f"{TEST_TASKS}:CnnBnNoDropoutTask"  # cnn_bn, dropout 0, BN momentum 0.5
-
-
-def finish_all(processes, timeout=120):
-    """Waits for every Popen (stdout piped, stderr into it); kills what is left. Returns (exit codes, outputs)."""
-    outputs = []
-    try:
-        for process in processes:
-            outputs.append(process.communicate(timeout=timeout)[0])
-    finally:
-        for process in processes:
-            process.kill()
-    return [p.returncode for p in processes], outputs
+    """Like run_cli, but notes when each stdout/stderr line arrived and when the process ended,
+    e.g. to see how long it took to exit after its last line."""
+    with Background(args, env, merge_stderr=False) as process:
+        process.wait(timeout)
+    return TimedRun(process.returncode, list(process.lines), process.exited)
 
 
 def explain(proc) -> str:

@@ -15,7 +15,7 @@ import re
 
 import pytest
 import tensorflow as tf
-from helpers import REPO, TEST_TASKS, small_config
+from helpers import REPO, TASKS_ACTIONS, small_config
 
 from engine.controller.actions.base import EMA_EVALUATION, ActionContext
 from engine.controller.actions.early_stopping import EarlyStopping
@@ -117,7 +117,7 @@ def test_a_tasks_action_returns_are_kept_and_its_checkpoint_request_is_honoured(
     out = io.StringIO()
     result = train(
         small_config(
-            tmp_path, task=f"{TEST_TASKS}:RecordingActionTask", model="mlp", best_metric="accuracy", export=True
+            tmp_path, task=f"{TASKS_ACTIONS}:RecordingActionTask", model="mlp", best_metric="accuracy", export=True
         ),
         out=out,
     )

@@ -17,7 +17,7 @@ import struct
 import numpy as np
 import pytest
 
-from helpers import TEST_TASKS, explain, run_cli
+from helpers import TASKS_REFUSED, explain, run_cli
 
 TINY = (
     "--dataset=synthetic",
@@ -361,11 +361,11 @@ BAD_INPUTS = [
         id="model_application_not_images",
     ),
     pytest.param(["--task=nope"], 2, ["--task"], id="unknown_task"),
-    pytest.param([f"--task={TEST_TASKS}:NotATask"], 2, ["subclass"], id="task_not_a_subclass"),
-    pytest.param([f"--task={TEST_TASKS}:NoSuchClass"], 2, ["NoSuchClass"], id="task_missing_class"),
+    pytest.param([f"--task={TASKS_REFUSED}:NotATask"], 2, ["subclass"], id="task_not_a_subclass"),
+    pytest.param([f"--task={TASKS_REFUSED}:NoSuchClass"], 2, ["NoSuchClass"], id="task_missing_class"),
     pytest.param(["--task=no_such_module_xyz:Task"], 2, ["no_such_module_xyz"], id="task_missing_module"),
     pytest.param(
-        [f"--task={TEST_TASKS}:ModelOutsideScopeTask", *MIRRORED_2],
+        [f"--task={TASKS_REFUSED}:ModelOutsideScopeTask", *MIRRORED_2],
         2,
         ["outside strategy.scope"],
         id="model_outside_scope",
@@ -393,7 +393,7 @@ BAD_INPUTS = [
     pytest.param(["--weight_decay=nan"], 1, ["weight_decay"], id="weight_decay_nan"),
     pytest.param(["--precision=float8"], 1, ["precision"], id="precision_unknown"),
     pytest.param(
-        ["--precision=mixed_float16", f"--task={TEST_TASKS}:UnscaledLossTask"],
+        ["--precision=mixed_float16", f"--task={TASKS_REFUSED}:UnscaledLossTask"],
         2,
         ["self.scale_loss"],
         id="float16_loss_not_scaled",

@@ -21,10 +21,10 @@ import tensorflow as tf
 from helpers import (
     NO_DROPOUT,
     QUIET,
-    TEST_TASKS,
+    TASKS_STATE,
     explain,
     exported_weights,
-    max_difference_by_name,
+    max_difference,
     run_cli,
     small_config,
 )
@@ -34,7 +34,7 @@ from engine.data.builtin import synthetic_arrays
 from engine.distribute.strategy import build_strategy
 from engine.loop import LoopOptions, make_train_loop
 from engine.randomness import per_replica_randomness
-from tasks import CnnBnNoDropoutTask
+from tasks_equivalence import CnnBnNoDropoutTask
 
 # Data files the `data` feature reads, written by the `cli_runs` fixture before any run starts.
 DATA_DIR = os.path.join(tempfile.gettempdir(), f"ctl_combinations_{os.getpid()}")
@@ -69,7 +69,7 @@ FEATURES = (
             "classification": ("--task=classification",),
             "label_smoothing": ("--task=label_smoothing",),
             # two models, two optimizers through the engine's one update path (issue 23)
-            "two_optimizers": (f"--task={TEST_TASKS}:ProbeTask",),
+            "two_optimizers": (f"--task={TASKS_STATE}:ProbeTask",),
         },
     ),
     (
@@ -282,14 +282,14 @@ def test_accumulation_with_synchronised_batch_norm_equals_one_replica_fed_the_sa
     same_micro_batches, _ = _train_on(tmp_path, "one", 1, images[order], labels[order], accum=2)
     # Summation order differs; a max-pool near-tie or a pre-ReLU value near 0 can then route a
     # gradient elsewhere (measured: up to 1e-4 on some random inputs, 3e-6 on these).
-    assert max_difference_by_name(two, same_micro_batches) < 2e-5
+    assert max_difference(two, same_micro_batches) < 2e-5
     for copy, other in zip(two_copies[::2], two_copies[1::2]):  # both replicas hold the same statistics
         np.testing.assert_allclose(copy, other, rtol=1e-6)
     # Per micro-batch, not per step or per replica slice: other groupings move them differently.
     whole_batch, _ = _train_on(tmp_path, "whole", 1, images, labels, accum=1)
     other_micro_batches, _ = _train_on(tmp_path, "other", 1, images, labels, accum=2)
-    assert max_difference_by_name(two, whole_batch, moving_only=True) > 1e-3
-    assert max_difference_by_name(two, other_micro_batches, moving_only=True) > 1e-3
+    assert max_difference(two, whole_batch, moving_only=True) > 1e-3
+    assert max_difference(two, other_micro_batches, moving_only=True) > 1e-3
 
 
 XLA_CASES = {

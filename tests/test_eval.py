@@ -11,7 +11,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-from helpers import QUIET, REPO, TEST_TASKS, small_config
+from helpers import QUIET, REPO, TASKS_REFUSED, small_config
 from engine.data.builtin import synthetic_arrays
 from engine.errors import UserError
 from engine import compat
@@ -150,6 +150,6 @@ def test_each_runs_loops_do_not_warn_of_retracing():
 
 
 def test_undeclared_metric_names_are_a_clear_error(tmp_path):
-    config = small_config(tmp_path, task=f"{TEST_TASKS}:WrongMetricsTask")
+    config = small_config(tmp_path, task=f"{TASKS_REFUSED}:WrongMetricsTask")
     with pytest.raises(UserError, match="eval_step returned"):
         train(config, **QUIET)

@@ -7,32 +7,29 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 
 import keras
 import pytest
 import tensorflow as tf
 
-from helpers import QUIET, REPO, TEST_TASKS, run_cli, small_config, tensorboard_scalars
+from helpers import (
+    QUIET,
+    TASKS_FAULTS,
+    run_cli,
+    small_config,
+    small_flags,
+    start_cli,
+    start_workers,
+    tensorboard_scalars,
+)
 from engine.controller import best as best_lib
 from engine.controller.evaluator import evaluate
 from engine.controller.trainer import train
-from engine.distribute.launch import worker_tf_configs
 from engine.errors import UserError
 
-# conftest.small_config(model="mlp") as flags.
-ARGS = [
-    "--dataset=synthetic",
-    "--synthetic_train_examples=1024",
-    "--synthetic_test_examples=300",
-    "--global_batch=64",
-    "--steps_per_loop=3",
-    "--seed=7",
-    "--model=mlp",
-    "--optimizer=adam",
-]
+# small_config(model="mlp", optimizer="adam") as flags; each test says its --train_steps.
+ARGS = small_flags(train_steps=None, model="mlp", optimizer="adam")
 EVAL_LINE = re.compile(r"eval   step (\d+): loss ([0-9.]+)  accuracy ([0-9.]+)")
 
 
@@ -121,31 +118,7 @@ def test_sidecar_evaluates_every_checkpoint_once_like_in_training_eval(tmp_path)
     assert record["value"] == pytest.approx(best_loss, rel=1e-6)
 
 
-def _start(args, tf_config, log_path):
-    log = open(log_path, "w")
-    return subprocess.Popen(
-        [sys.executable, os.path.join(REPO, "run.py"), *args],
-        cwd=REPO,
-        env=dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
-        if tf_config
-        else dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1"),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def _wait_for(path, pattern, processes, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with open(path) as f:
-            if re.search(pattern, f.read()):
-                return
-        if any(p.poll() is not None for p in processes):
-            break
-        time.sleep(0.2)
-    with open(path) as f:
-        raise AssertionError(f"{pattern!r} not seen in {path}:\n{f.read()[-3000:]}")
+UNBUFFERED = {"PYTHONUNBUFFERED": "1"}  # each line arrives as it is written
 
 
 def test_killed_evaluator_does_not_disturb_training_and_a_restarted_one_continues(tmp_path):
@@ -154,9 +127,8 @@ def test_killed_evaluator_does_not_disturb_training_and_a_restarted_one_continue
     rest, so every checkpoint step is evaluated exactly once."""
     run = tmp_path / "run"
     args = [
-        "--strategy=multi_worker_mirrored",
         *ARGS,
-        f"--task={TEST_TASKS}:SlowTrainingTask",
+        f"--task={TASKS_FAULTS}:SlowTrainingTask",
         "--train_steps=72",
         "--checkpoint_every=12",
         "--keep_checkpoints=10",
@@ -164,24 +136,19 @@ def test_killed_evaluator_does_not_disturb_training_and_a_restarted_one_continue
         "--eval_timeout=120",
         f"--model_dir={run}",
     ]
-    configs = worker_tf_configs(2, evaluator=True)
-    logs = [tmp_path / f"{name}.log" for name in ("worker0", "worker1", "evaluator")]
-    processes = [_start(args, tf_config, log) for tf_config, log in zip(configs, logs)]
-    workers, evaluator = processes[:2], processes[2]
-    try:
-        _wait_for(logs[2], r"eval   step \d+", processes, timeout=240)
+    with start_workers(args, evaluator=True, env=UNBUFFERED) as cluster:
+        workers, evaluator = cluster.processes[:2], cluster[2]
+        cluster.wait_for_line(2, r"eval   step \d+", timeout=240)
         assert all(w.poll() is None for w in workers), "training ended before the evaluator could be killed"
         evaluator.kill()
-        evaluator.wait(timeout=30)
         for worker in workers:
-            assert worker.wait(timeout=300) == 0, logs[0].read_text()[-3000:] + logs[1].read_text()[-3000:]
-    finally:
-        for process in processes:
-            process.kill()
-    assert "done   training" in logs[0].read_text()
-    first = _eval_lines(logs[2].read_text())
+            assert worker.wait(timeout=300) == 0, cluster.outputs[0][-3000:] + cluster.outputs[1][-3000:]
+    assert "done   training" in cluster[0].output
+    first = _eval_lines(evaluator.output)
     assert first and max(first) < 72
-    restarted = run_cli(*args, env={"TF_CONFIG": configs[2]}, timeout=180)
+    restarted = run_cli(
+        "--strategy=multi_worker_mirrored", *args, env={"TF_CONFIG": cluster.tf_configs[2]}, timeout=180
+    )
     assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-2000:]
     second = _eval_lines(restarted.stdout)
     assert not set(first) & set(second), (first, second)
@@ -193,17 +160,13 @@ def test_evaluator_waits_for_training_skips_deleted_and_unlisted_checkpoints(tmp
     """Started before training (no model_dir yet), a continuous evaluator waits, then evaluates each
     checkpoint; a checkpoint deleted before it is read is skipped with a warning, and files the
     `checkpoint` state does not list (a half-written save) are never read."""
-    run, log = tmp_path / "run", tmp_path / "evaluator.log"
-    waiting = _start(
-        [*ARGS, "--mode=continuous_eval", "--train_steps=6", "--eval_timeout=120", f"--model_dir={run}"], "", log
-    )
-    try:
-        _wait_for(log, "waiting      for .*config.json", [waiting], timeout=120)
+    run = tmp_path / "run"
+    evaluator_args = [*ARGS, "--mode=continuous_eval", "--train_steps=6", "--eval_timeout=120", f"--model_dir={run}"]
+    with start_cli(*evaluator_args, env=UNBUFFERED) as waiting:
+        waiting.wait_for_line("waiting      for .*config.json", timeout=120)
         trained = train(small_config(run, model="mlp", train_steps=6, checkpoint_every=3, eval_every=-1), **QUIET)
         waiting.wait(timeout=180)
-    finally:
-        waiting.kill()
-    output = log.read_text()
+    output = waiting.output
     assert waiting.returncode == 0, output[-3000:]
     assert sorted(_eval_lines(output)) == [3, 6]
     assert not trained.eval_metrics  # --eval_every=-1: no evaluation in training, not even the last

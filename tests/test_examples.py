@@ -13,7 +13,16 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import QUIET, REPO, TEST_TASKS, checkpoint_state, exported_by_name, small_config, tensorboard_run
+from helpers import (
+    QUIET,
+    REPO,
+    TASKS_REFUSED,
+    checkpoint_state,
+    exported_by_name,
+    max_difference,
+    small_config,
+    tensorboard_run,
+)
 
 from engine.controller.state import create_state
 from engine.controller.trainer import train
@@ -45,11 +54,6 @@ LEARNING_RATE = 0.5  # the one-step tests' SGD rate: large, so a wrong gradient 
 def _config(tmp_path, example, name="run", **overrides):
     gan = {"global_batch": 32} if "Gan" in example else {}  # the convolutional GAN: smaller batches, faster
     return small_config(tmp_path / name, **{"task": EXAMPLES[example], "model": "mlp", **gan, **overrides})
-
-
-def _max_difference(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a if a[k].dtype.kind == "f")
 
 
 def _iterations(model_dir, node) -> int:
@@ -233,7 +237,7 @@ def test_two_replicas_train_like_one(tmp_path, example):
     two, one = checkpoint_state(tmp_path / "two", STATE), checkpoint_state(tmp_path / "one", STATE)
     if example == "GanTask":  # both models and both optimizers are compared
         assert _discriminator_weights(two) == _discriminator_weights(one) == 6  # 3 layers: kernel, bias
-    assert _max_difference(two, one) <= 1e-5
+    assert max_difference(two, one) <= 1e-5
 
 
 def test_two_gan_replicas_train_like_one_replica_accumulating_their_halves(tmp_path):
@@ -246,7 +250,7 @@ def test_two_gan_replicas_train_like_one_replica_accumulating_their_halves(tmp_p
     train(_config(tmp_path, "GanTask", "two", **run, **TWO), **QUIET)
     train(_config(tmp_path, "GanTask", "halves", **run, strategy="default", grad_accum_steps=2), **QUIET)
     two, halves = checkpoint_state(tmp_path / "two", STATE), checkpoint_state(tmp_path / "halves", STATE)
-    assert _max_difference(two, halves) <= 1e-6
+    assert max_difference(two, halves) <= 1e-6
 
 
 def test_a_resumed_gan_equals_an_uninterrupted_one(tmp_path):
@@ -257,7 +261,7 @@ def test_a_resumed_gan_equals_an_uninterrupted_one(tmp_path):
     train(_config(tmp_path, "GanTask", "straight", train_steps=40, steps_per_loop=10), **QUIET)
     resumed, straight = checkpoint_state(tmp_path / "resumed", STATE), checkpoint_state(tmp_path / "straight", STATE)
     assert _discriminator_weights(resumed) == 6
-    assert _max_difference(resumed, straight) <= 1e-6
+    assert max_difference(resumed, straight) <= 1e-6
     assert _iterations(tmp_path / "resumed", "task/d_optimizer") == 40
     assert _iterations(tmp_path / "resumed", "optimizer") == 40
 
@@ -290,7 +294,7 @@ def test_the_frozen_teacher_is_checkpointed_and_never_moves(tmp_path):
     train(_config(tmp_path, "DistillationTask", "short", train_steps=3), **QUIET)
     train(_config(tmp_path, "DistillationTask", "long", train_steps=9), **QUIET)
     short, long = (checkpoint_state(tmp_path / n, ("task/teacher/",)) for n in ("short", "long"))
-    assert short and _max_difference(short, long) == 0.0
+    assert short and max_difference(short, long) == 0.0
 
 
 def test_the_teacher_comes_from_TEACHER_MODEL(tmp_path, monkeypatch):
@@ -310,7 +314,7 @@ def test_the_teacher_comes_from_TEACHER_MODEL(tmp_path, monkeypatch):
 @pytest.mark.fast
 def test_a_gan_whose_summaries_crash_keeps_its_checkpoint(tmp_path):
     with pytest.raises(ExtraFailed, match="the summaries crash on purpose"):
-        train(small_config(tmp_path, task=f"{TEST_TASKS}:CrashingSummariesGanTask", model="mlp"), **QUIET)
+        train(small_config(tmp_path, task=f"{TASKS_REFUSED}:CrashingSummariesGanTask", model="mlp"), **QUIET)
     assert tf.train.latest_checkpoint(os.path.join(tmp_path, "checkpoints")).endswith("ckpt-6")
 
 
@@ -321,7 +325,7 @@ def test_a_gan_checkpoint_into_a_task_without_the_discriminator_is_refused(tmp_p
         train(
             small_config(
                 tmp_path / "run",
-                task=f"{TEST_TASKS}:GanWithoutDiscriminatorTask",
+                task=f"{TASKS_REFUSED}:GanWithoutDiscriminatorTask",
                 model="mlp",
                 train_steps=12,
                 allow_config_change=True,

@@ -1,17 +1,16 @@
 """A finished run's process ends promptly after its last line (issue 15, part 1).
 
-It used to linger 4-20 s after the summary with --strategy=mirrored (CPU idle): deleting the
-training iterator waited for a tf.data autotune thread to sleep out its period, see
-engine/data/pipelines.py. Whether that wait happens is a race, so each layout runs three times.
+What this guards against: with --strategy=mirrored, deleting the training iterator can wait for a
+tf.data autotune thread to sleep out its period (see engine/data/pipelines.py). Whether that wait
+happens is a race, so each layout runs three times.
 
-The mirrored runs train long enough to show the old wait: an autotune thread sleeps 10 ms, 20 ms,
-... doubling, so it wakes about 5.1, 10.2 and 20.5 s after the first batch; an iterator deleted
-11-17 s after it waited the 3-9 s to the next wake-up whenever the race was lost (most runs, with
-two or three such threads per process). So each run after the first trains about 13 s at the
-speed the one before it reported (the first: 1500 steps, about that at 7k examples/s). The
-two-worker runs are short (they used to pile up thousands of sleeping collective threads, one per
-timed collective, whose teardown alone took seconds; since the engine's collectives carry no
-timeout the count stays flat: test_multi_worker.py::test_long_multi_worker_run_keeps_its_thread_count).
+The mirrored runs train long enough to show that wait: an autotune thread sleeps 10 ms, 20 ms,
+... doubling, so it wakes about 5.1, 10.2 and 20.5 s after the first batch, and an iterator
+deleted 11-17 s after it waits the 3-9 s to the next wake-up whenever the race is lost. So each
+run after the first trains about TRAIN_SECONDS at the speed the one before it reported (the
+first: 1500 steps, about that at 7k examples/s). The two-worker runs can be short: what would
+keep them alive is one sleeping thread per timed collective, piling up with the steps (the count
+is checked in test_multi_worker.py::test_long_multi_worker_run_keeps_its_thread_count).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from engine.controller.trainer import train
 from engine.data import image_folders, sources, tfrecord
 from engine.errors import UserError
 from flags.definitions import config_from_flags, define_flags
-from tasks import IdCountingTask
+from tasks_data import IdCountingTask
 
 NAMES = ("zebra", "ant", "moth")  # folder names; sorted: ant 0, moth 1, zebra 2
 CLASS_ID = {name: i for i, name in enumerate(sorted(NAMES))}

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import QUIET, small_config, tensorboard_run
+from helpers import QUIET, max_difference, small_config, tensorboard_run
 from engine.controller.state import create_state
 from engine.controller.trainer import train
 from engine.data import text
@@ -18,7 +18,7 @@ from engine.data.spec import DataSpec
 from engine.distribute.strategy import build_strategy
 from engine.loop import make_train_loop
 from engine.tasks.language_model import LanguageModelTask
-from tasks import LocalTokenMeanTask
+from tasks_equivalence import LocalTokenMeanTask
 
 FORTUNES = "/usr/share/games/fortunes/fortunes"
 SEQ = 16
@@ -89,10 +89,6 @@ def _trained(tmp_path, task_class, replicas, batch, steps=3):
     return before, [v.numpy() for v in task.model.trainable_variables], total / count, task
 
 
-def _max_difference(a, b):
-    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
-
-
 def test_one_step_follows_the_mean_over_real_tokens(tmp_path):
     """One replica, padded batch: the SGD step is exactly -lr x the gradient of the mean loss over
     the REAL tokens (a constant divisor such as global_batch x seq_len would be smaller)."""
@@ -115,8 +111,8 @@ def test_two_replicas_match_one_with_uneven_padding(tmp_path):
     batch = _padded_batch(uneven=True)
     before, one, loss_one, _ = _trained(tmp_path, LanguageModelTask, 1, batch)
     _, two, loss_two, _ = _trained(tmp_path, LanguageModelTask, 2, batch)
-    assert _max_difference(one, before) > 1e-3, "training must move the weights"
-    assert _max_difference(one, two) < 1e-5
+    assert max_difference(one, before) > 1e-3, "training must move the weights"
+    assert max_difference(one, two) < 1e-5
     assert loss_one == pytest.approx(loss_two, rel=1e-5)
 
 
@@ -126,11 +122,11 @@ def test_local_token_count_breaks_equivalence_only_when_padding_is_uneven(tmp_pa
     even = _padded_batch(uneven=False)
     _, one, _, _ = _trained(tmp_path / "even", LocalTokenMeanTask, 1, even)
     _, two, _, _ = _trained(tmp_path / "even", LocalTokenMeanTask, 2, even)
-    assert _max_difference(one, two) < 1e-5
+    assert max_difference(one, two) < 1e-5
     uneven = _padded_batch(uneven=True)
     _, one, _, _ = _trained(tmp_path / "uneven", LocalTokenMeanTask, 1, uneven)
     _, two, _, _ = _trained(tmp_path / "uneven", LocalTokenMeanTask, 2, uneven)
-    assert _max_difference(one, two) > 1e-3
+    assert max_difference(one, two) > 1e-3
 
 
 def _english_like_text(path):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import QUIET, REPO, max_difference_by_name, small_config, trained_by_name
+from helpers import QUIET, REPO, max_difference, small_config, trained_by_name
 from engine.controller.trainer import train
 from engine.data.spec import DataSpec
 from engine.models.registry import build_model
@@ -93,8 +93,8 @@ def test_resnet20_two_replicas_train_like_one(tmp_path):
     two = trained_by_name(tmp_path / "two", strategy="mirrored", cpu_replicas=2, **settings)
     moved = max(float(np.max(np.abs(w))) for n, w in one.items() if n.endswith("moving_mean"))
     assert moved > 0.1, "the moving statistics must have moved from their initial 0 (mean)"
-    assert max_difference_by_name(one, two, moving_only=True) < 5e-5
-    assert max_difference_by_name(one, two) < 2e-4
+    assert max_difference(one, two, moving_only=True) < 5e-5
+    assert max_difference(one, two) < 2e-4
 
 
 # ---- the user's function: path/to/file.py:function and package.module:function ----
@@ -109,7 +109,7 @@ def test_model_from_file_two_replicas_train_like_one(tmp_path, user_models):
     built = build_model(settings["model"], (28, 28, 1), 10)
     assert built.name == "small_cnn" and len(one) == len(built.weights) == 12  # the file's network
     assert float(np.max(np.abs(one["block1_bn/moving_mean"]))) > 1e-3, "training must move the statistics"
-    assert max_difference_by_name(one, two) < 1e-5
+    assert max_difference(one, two) < 1e-5
 
 
 @pytest.mark.fast

@@ -9,12 +9,20 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import NO_DROPOUT, TEST_TASKS, exported_by_name, max_difference_by_name, run_cli, trained_by_name
+from helpers import (
+    NO_DROPOUT,
+    TASKS_EQUIVALENCE,
+    exported_by_name,
+    max_difference,
+    run_cli,
+    small_flags,
+    trained_by_name,
+)
 from engine.data.builtin import synthetic_arrays
 from engine.models.registry import build_model
 from engine.distribute.strategy import build_strategy
 
-NO_DROPOUT_UNSYNCED = f"{TEST_TASKS}:UnsyncedCnnBnNoDropoutTask"  # the same, BN synchronized=False
+NO_DROPOUT_UNSYNCED = f"{TASKS_EQUIVALENCE}:UnsyncedCnnBnNoDropoutTask"  # the same, BN synchronized=False
 
 
 def _train(model_dir, **overrides) -> dict:
@@ -111,15 +119,15 @@ def test_synchronized_bn_two_replicas_train_like_one(tmp_path, one_replica):
     two = _train(tmp_path, task=NO_DROPOUT, strategy="mirrored", cpu_replicas=2)
     moved = max(float(np.max(np.abs(w))) for n, w in one_replica.items() if n.endswith("moving_mean"))
     assert moved > 0.03, "the moving statistics must have moved from their initial 0 (mean)"
-    assert max_difference_by_name(one_replica, two) < 1e-5  # every weight, BN moving mean/variance included
+    assert max_difference(one_replica, two) < 1e-5  # every weight, BN moving mean/variance included
 
 
 def test_unsynchronized_bn_two_replicas_drift(tmp_path, one_replica):
     """The same comparison fails with synchronized=False: so the test above would catch a regression."""
     unsynced_one = _train(tmp_path / "one", task=NO_DROPOUT_UNSYNCED, strategy="default")
     unsynced_two = _train(tmp_path / "two", task=NO_DROPOUT_UNSYNCED, strategy="mirrored", cpu_replicas=2)
-    assert max_difference_by_name(unsynced_one, one_replica) < 1e-5  # one replica: the flag changes nothing
-    assert max_difference_by_name(unsynced_one, unsynced_two, moving_only=True) > 3e-4
+    assert max_difference(unsynced_one, one_replica) < 1e-5  # one replica: the flag changes nothing
+    assert max_difference(unsynced_one, unsynced_two, moving_only=True) > 3e-4
 
 
 def test_synchronized_bn_two_workers_train_like_one(tmp_path, one_replica):
@@ -128,15 +136,7 @@ def test_synchronized_bn_two_workers_train_like_one(tmp_path, one_replica):
         "--strategy=multi_worker_mirrored",
         "--num_workers=2",
         "--collective_timeout=30",
-        "--dataset=synthetic",
-        "--synthetic_train_examples=1024",
-        "--synthetic_test_examples=300",
-        "--global_batch=64",
-        "--train_steps=2",
-        "--steps_per_loop=2",
-        "--seed=7",
-        "--model=cnn_bn",
-        "--optimizer=sgd",
+        *small_flags(train_steps=2, steps_per_loop=2, model="cnn_bn", optimizer="sgd"),
         f"--task={NO_DROPOUT}",
         f"--model_dir={tmp_path}",
         "--export",
@@ -144,4 +144,4 @@ def test_synchronized_bn_two_workers_train_like_one(tmp_path, one_replica):
     )
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
     assert "global batch 64 = 2 replicas x 32" in launched.stdout
-    assert max_difference_by_name(one_replica, exported_by_name(tmp_path)) < 1e-5
+    assert max_difference(one_replica, exported_by_name(tmp_path)) < 1e-5

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -14,13 +12,15 @@ import pytest
 
 from helpers import (
     QUIET,
-    REPO,
-    TEST_TASKS,
+    TASKS_DATA,
+    TASKS_FAULTS,
+    TASKS_NONFINITE,
     checkpoint_state,
     exported_weights,
-    finish_all,
     run_cli,
     small_config,
+    small_flags,
+    start_workers,
     tensorboard_run,
     tensorboard_scalars,
 )
@@ -29,37 +29,8 @@ from engine.controller.trainer import train
 from engine import exit_codes
 from engine.update import INITIAL_LOSS_SCALE
 
-# The same run as helpers.small_config(model="mlp"), as flags.
-ARGS = [
-    "--dataset=synthetic",
-    "--synthetic_train_examples=1024",
-    "--synthetic_test_examples=300",
-    "--global_batch=64",
-    "--train_steps=6",
-    "--steps_per_loop=3",
-    "--seed=7",
-    "--model=mlp",
-    "--optimizer=adam",
-    "--collective_timeout=30",
-]
-
-
-def _start(per_worker_args, timeout=120):
-    """Starts one worker per entry of `per_worker_args`; returns the Popen objects."""
-    processes = []
-    for tf_config, args in zip(worker_tf_configs(len(per_worker_args)), per_worker_args):
-        env = dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3")
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, os.path.join(REPO, "run.py"), "--strategy=multi_worker_mirrored", *args],
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    return processes
+# The run of _single_process_weights (small_config(model="mlp", optimizer="adam")), as flags.
+ARGS = small_flags(model="mlp", optimizer="adam", collective_timeout=30)
 
 
 def _single_process_weights(tmp_path, name, **overrides):
@@ -107,7 +78,7 @@ def test_float16_overflow_on_one_worker_skips_everywhere_without_a_hang(tmp_path
         "--num_workers=2",
         "--precision=mixed_float16",
         "--grad_accum_steps=2",
-        f"--task={TEST_TASKS}:InfGradientTask",
+        f"--task={TASKS_NONFINITE}:InfGradientTask",
         *ARGS,
         f"--model_dir={tmp_path}",
         timeout=180,
@@ -123,14 +94,9 @@ def test_only_the_chief_writes(tmp_path):
     """Every TensorBoard extra on: the chief writes them all (its predict pass for the eval images
     and its profiler add no collective, or the workers would hang); worker 1 writes nothing."""
     extras = ["--histogram_every=3", "--trace_graph", "--profile_steps=0,3"]
-    codes, outputs = finish_all(
-        _start(
-            [
-                [*ARGS, *extras, f"--model_dir={tmp_path / 'chief'}"],
-                [*ARGS, *extras, f"--model_dir={tmp_path / 'worker1'}"],
-            ]
-        )
-    )
+    per_worker = [[f"--model_dir={tmp_path / 'chief'}"], [f"--model_dir={tmp_path / 'worker1'}"]]
+    with start_workers([*ARGS, *extras], per_worker=per_worker) as cluster:
+        codes, outputs = cluster.wait(timeout=120), cluster.outputs
     assert codes == [0, 0], outputs
     assert sorted(os.listdir(tmp_path / "chief")) == ["checkpoints", "config.json", "eval", "export", "train"]
     assert not (tmp_path / "worker1").exists()
@@ -141,14 +107,10 @@ def test_only_the_chief_writes(tmp_path):
 
 def test_flag_mismatch_stops_every_worker(tmp_path):
     started = time.monotonic()
-    codes, outputs = finish_all(
-        _start(
-            [
-                [*ARGS, f"--model_dir={tmp_path}"],
-                [*ARGS, f"--model_dir={tmp_path}", "--global_batch=128", "--model=cnn"],
-            ]
-        )
-    )
+    with start_workers(
+        [*ARGS, f"--model_dir={tmp_path}"], per_worker=[[], ["--global_batch=128", "--model=cnn"]]
+    ) as cluster:
+        codes, outputs = cluster.wait(timeout=120), cluster.outputs
     assert codes == [2, 2], outputs
     for output in outputs:
         line = [text for text in output.splitlines() if text.startswith("error:")][-1]
@@ -160,20 +122,15 @@ def test_flag_mismatch_stops_every_worker(tmp_path):
 
 def test_killed_worker_is_named_within_the_timeout(tmp_path):
     long_run = [*ARGS, "--train_steps=1000000", "--steps_per_loop=5", "--checkpoint_every=5", "--collective_timeout=10"]
-    processes = _start([[*long_run, f"--model_dir={tmp_path}"], [*long_run, f"--model_dir={tmp_path}"]])
-    try:
-        deadline = time.monotonic() + 90
-        while not os.path.exists(tmp_path / "checkpoints" / "checkpoint") and time.monotonic() < deadline:
-            assert processes[0].poll() is None, processes[0].communicate()[0]
-            time.sleep(0.2)
-        processes[1].kill()
+    with start_workers([*long_run, f"--model_dir={tmp_path}"]) as cluster:
+        cluster.wait_until(lambda: os.path.exists(tmp_path / "checkpoints" / "checkpoint"), timeout=90)
+        assert cluster[0].poll() is None, cluster[0].output
         killed_at = time.monotonic()
-        output = processes[0].communicate(timeout=60)[0]
+        cluster[1].kill()
+        cluster[0].wait(timeout=60)
         elapsed = time.monotonic() - killed_at
-    finally:
-        for process in processes:
-            process.kill()
-    assert processes[0].returncode == exit_codes.PEER_LOST.code, output[-3000:]
+    output = cluster[0].output
+    assert cluster[0].returncode == exit_codes.PEER_LOST.code, output[-3000:]
     # The peer watchdog names it after --collective_timeout (10 s) unless the process is inside a
     # call that holds the GIL; then TensorFlow's own heartbeat (20-25 s here) ends the collective.
     assert elapsed < 45, elapsed
@@ -183,21 +140,13 @@ def test_killed_worker_is_named_within_the_timeout(tmp_path):
 
 def test_worker_that_never_starts_is_named(tmp_path):
     started = time.monotonic()
-    tf_config = worker_tf_configs(2)[0]
-    env = dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3")
-    alone = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(REPO, "run.py"),
-            "--strategy=multi_worker_mirrored",
-            *ARGS,
-            "--collective_timeout=5",
-            f"--model_dir={tmp_path}",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
+    tf_config = worker_tf_configs(2)[0]  # worker 0 of 2; worker 1 never starts
+    alone = run_cli(
+        "--strategy=multi_worker_mirrored",
+        *ARGS,
+        "--collective_timeout=5",
+        f"--model_dir={tmp_path}",
+        env={"TF_CONFIG": tf_config},
         timeout=60,
     )
     assert alone.returncode == exit_codes.CLUSTER_NOT_FORMED.code
@@ -213,7 +162,7 @@ def test_launcher_stops_the_rest_at_the_first_failure_and_never_retries_a_perman
         "--num_workers=2",
         *ARGS,
         "--max_restarts=2",
-        f"--task={TEST_TASKS}:FailOnWorkerOneTask",
+        f"--task={TASKS_FAULTS}:FailOnWorkerOneTask",
         f"--model_dir={tmp_path}",
         timeout=120,
     )
@@ -261,7 +210,7 @@ def test_two_workers_evaluate_every_streamed_example_once(tmp_path, shards):
         "--num_workers=2",
         *ARGS,
         f"--dataset={dataset}",
-        f"--task={TEST_TASKS}:IdCountingTask",
+        f"--task={TASKS_DATA}:IdCountingTask",
         f"--model_dir={tmp_path / 'run'}",
         timeout=180,
     )
@@ -285,8 +234,8 @@ def _threads(pid: int) -> int:
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="counts threads in /proc")
 def test_long_multi_worker_run_keeps_its_thread_count(tmp_path):
     # TensorFlow arms each collective that has a timeout with a thread sleeping for the whole
-    # timeout: with --collective_timeout=300 as a collective option, worker 0 grew by ~20 threads a
-    # step (2,000+ after 100 steps) and long runs died. The engine's collectives carry no timeout.
+    # timeout: with --collective_timeout=300 as a collective option, worker 0 would grow by ~20
+    # threads a step, far past the bound below. The engine's collectives carry no timeout.
     args = [
         *ARGS,
         "--train_steps=400",
@@ -296,20 +245,16 @@ def test_long_multi_worker_run_keeps_its_thread_count(tmp_path):
         "--noexport",
         "--collective_timeout=300",
     ]
-    processes = _start([[*args, f"--model_dir={tmp_path}"], [*args, f"--model_dir={tmp_path}"]])
     most = 0
-    try:
+    with start_workers([*args, f"--model_dir={tmp_path}"]) as cluster:
         deadline = time.monotonic() + 150
-        while processes[0].poll() is None and time.monotonic() < deadline:
+        while cluster[0].poll() is None and time.monotonic() < deadline:
             try:
-                most = max(most, _threads(processes[0].pid))
+                most = max(most, _threads(cluster[0].pid))
             except (OSError, StopIteration):
                 break
             time.sleep(0.1)
-        codes, outputs = finish_all(processes, timeout=60)
-    finally:
-        for process in processes:
-            process.kill()
+        codes, outputs = cluster.wait(timeout=60), cluster.outputs
     assert codes == [0, 0], outputs[0][-3000:]
     assert "step 400/400" in outputs[0]
     assert 0 < most < 400, most

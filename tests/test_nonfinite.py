@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import QUIET, TEST_TASKS, checkpoint_state, run_cli, small_config
-from tasks import NanLossTask
+from helpers import QUIET, TASKS_NONFINITE, checkpoint_state, run_cli, small_config
+from tasks_nonfinite import NanLossTask
 from engine.controller.state import create_state
 from engine.controller.trainer import train
 from engine.data.arrays import train_dataset
@@ -20,7 +20,7 @@ from engine.errors import NonFiniteLoss
 from engine.loop import LoopOptions, make_train_loop
 
 TWO_REPLICAS = dict(strategy="mirrored", cpu_replicas=2)
-NAN_AT = 5  # tests/tasks.py: the update from global step 5 to 6 (the 6th step) is poisoned
+NAN_AT = 5  # tests/tasks_nonfinite.py: the update from global step 5 to 6 (the 6th step) is poisoned
 
 
 def _latest_step(model_dir):
@@ -32,7 +32,7 @@ def _latest_step(model_dir):
 def test_stop_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, task, steps_per_loop):
     config = small_config(
         tmp_path,
-        task=f"{TEST_TASKS}:{task}",
+        task=f"{TASKS_NONFINITE}:{task}",
         train_steps=12,
         steps_per_loop=steps_per_loop,
         checkpoint_every=steps_per_loop,
@@ -90,7 +90,7 @@ def test_skip_leaves_weights_and_optimizer_untouched(tmp_path, task, strategy):
     # The poisoned step is the last one, so skipping it must leave the state of a clean 5-step run.
     skipped = train(
         small_config(
-            tmp_path / "skip", task=f"{TEST_TASKS}:{task}", on_nonfinite="skip", train_steps=NAN_AT + 1, **strategy
+            tmp_path / "skip", task=f"{TASKS_NONFINITE}:{task}", on_nonfinite="skip", train_steps=NAN_AT + 1, **strategy
         ),
         **QUIET,
     )
@@ -116,7 +116,7 @@ def test_cli_stop_exits_4_with_the_step(tmp_path):
         "--model=mlp",
         "--train_steps=8",
         "--checkpoint_every=2",
-        f"--task={TEST_TASKS}:NanLossTask",
+        f"--task={TASKS_NONFINITE}:NanLossTask",
         f"--model_dir={tmp_path}",
         timeout=120,
     )

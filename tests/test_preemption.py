@@ -6,17 +6,13 @@ from __future__ import annotations
 import io
 import os
 import signal
-import subprocess
-import sys
-import threading
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import REPO, checkpoint_state, exported_weights, small_config
+from helpers import checkpoint_state, exported_weights, run_cli, small_config, start_cli, start_workers
 from engine import exit_codes
-from engine.distribute.launch import worker_tf_configs
 from engine.errors import Preempted
 from engine.controller.trainer import train
 
@@ -67,42 +63,13 @@ CLI = [
 ]
 
 
-def _start(model_dir):
-    return subprocess.Popen(
-        [sys.executable, os.path.join(REPO, "run.py"), *CLI, f"--model_dir={model_dir}"],
-        cwd=REPO,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _finish(proc, timeout=180):
-    try:
-        return proc.communicate(timeout=timeout)
-    finally:
-        proc.kill()
-
-
 def test_sigterm_on_run_py_exits_3_and_the_rerun_ends_like_an_uninterrupted_run(tmp_path):
     model_dir = tmp_path / "stopped"
-    proc = _start(model_dir)
-    first_progress = threading.Event()
-    stdout_lines = []
-
-    def read_stdout():
-        for line in proc.stdout:
-            stdout_lines.append(line)
-            if line.startswith("epoch"):
-                first_progress.set()
-
-    reader = threading.Thread(target=read_stdout, daemon=True)
-    reader.start()
-    assert first_progress.wait(timeout=120), "no progress line: " + "".join(stdout_lines)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = _finish(proc, timeout=60)
-    reader.join(timeout=10)
+    with start_cli(*CLI, f"--model_dir={model_dir}", merge_stderr=False) as proc:
+        proc.wait_for_line(r"^epoch", timeout=120)  # the first progress line
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    stderr = proc.stderr
     assert proc.returncode == exit_codes.PREEMPTED.code, stderr[-3000:]
     assert "Traceback" not in stderr
     last = [line for line in stderr.splitlines() if line.strip()][-1]
@@ -112,10 +79,10 @@ def test_sigterm_on_run_py_exits_3_and_the_rerun_ends_like_an_uninterrupted_run(
     latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
     assert latest.endswith(f"ckpt-{stopped_at}") and latest in last
 
-    resumed_out, resumed_err = _finish(_start(model_dir))
-    assert f"resuming at step {stopped_at}" in resumed_out, resumed_err[-3000:]
-    straight_out, straight_err = _finish(_start(tmp_path / "straight"))
-    assert "steps 0 -> 2000" in straight_out, straight_err[-3000:]
+    resumed = run_cli(*CLI, f"--model_dir={model_dir}", timeout=180)
+    assert f"resuming at step {stopped_at}" in resumed.stdout, resumed.stderr[-3000:]
+    straight = run_cli(*CLI, f"--model_dir={tmp_path / 'straight'}", timeout=180)
+    assert "steps 0 -> 2000" in straight.stdout, straight.stderr[-3000:]
     resumed, straight = exported_weights(model_dir), exported_weights(tmp_path / "straight")
     assert all(np.array_equal(a, b) for a, b in zip(resumed, straight))  # bitwise: one replica, deterministic
 
@@ -123,8 +90,6 @@ def test_sigterm_on_run_py_exits_3_and_the_rerun_ends_like_an_uninterrupted_run(
 def test_sigterm_to_the_launcher_stops_every_worker_at_one_step_and_resumes(tmp_path):
     """The launcher forwards SIGTERM; both workers agree (all-reduced flag) on the step to stop at."""
     args = [
-        sys.executable,
-        os.path.join(REPO, "run.py"),
         "--strategy=multi_worker_mirrored",
         "--num_workers=2",
         "--collective_timeout=30",
@@ -132,61 +97,29 @@ def test_sigterm_to_the_launcher_stops_every_worker_at_one_step_and_resumes(tmp_
         "--train_steps=300",
         f"--model_dir={tmp_path}",
     ]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    launcher = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    try:
-        for line in launcher.stdout:
-            lines.append(line)
-            if line.startswith("[worker 0] epoch"):
-                launcher.send_signal(signal.SIGTERM)
-                break
-        lines += launcher.communicate(timeout=120)[0].splitlines(keepends=True)
-    finally:
-        launcher.kill()
-    output = "".join(lines)
+    with start_cli(*args) as launcher:
+        launcher.wait_for_line(r"^\[worker 0\] epoch", timeout=180)
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=120)
+    output = launcher.output
     assert launcher.returncode == exit_codes.PREEMPTED.code, output[-3000:]
+    lines = output.splitlines()
     stops = sorted({line.split(" at step ")[1].split(":")[0] for line in lines if "preempted: SIGTERM at step" in line})
     assert len(stops) == 1, output[-3000:]  # both workers stopped at the same step
-    rerun = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    rerun = run_cli(*args, timeout=240)
     assert rerun.returncode == 0, rerun.stdout[-3000:]
     assert f"(resuming at step {stops[0]})" in rerun.stdout
 
 
 def test_sigterm_to_one_worker_of_a_cluster_stops_every_worker_at_one_step(tmp_path):
     """A cluster manager preempts ONE pod: every worker checkpoints the same step and exits 138."""
-    processes = []
-    for tf_config in worker_tf_configs(2):
-        processes.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    os.path.join(REPO, "run.py"),
-                    "--strategy=multi_worker_mirrored",
-                    "--collective_timeout=30",
-                    *CLI,
-                    "--train_steps=300",
-                    f"--model_dir={tmp_path}",
-                ],
-                cwd=REPO,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3"),
-            )
-        )
-    outputs = []
-    try:
-        for line in processes[0].stdout:
-            outputs.append(line)
-            if line.startswith("epoch"):
-                processes[1].send_signal(signal.SIGTERM)
-                break
-        outputs = ["".join(outputs) + processes[0].communicate(timeout=120)[0], processes[1].communicate(timeout=60)[0]]
-    finally:
-        for process in processes:
-            process.kill()
-    assert [p.returncode for p in processes] == [exit_codes.PREEMPTED.code] * 2, outputs
+    with start_workers(["--collective_timeout=30", *CLI, "--train_steps=300", f"--model_dir={tmp_path}"]) as cluster:
+        cluster.wait_for_line(0, r"^epoch", timeout=180)  # worker 0's first progress line
+        cluster[1].send_signal(signal.SIGTERM)
+        cluster[0].wait(timeout=120)
+        cluster[1].wait(timeout=60)
+    outputs = cluster.outputs
+    assert cluster.codes == [exit_codes.PREEMPTED.code] * 2, outputs
     stops = {
         line.split(" at step ")[1].split(":")[0]
         for output in outputs

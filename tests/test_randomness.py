@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import QUIET, TEST_TASKS, exported_weights, small_config
+from helpers import QUIET, TASKS_EQUIVALENCE, exported_weights, max_difference, small_config
 from engine.randomness import per_replica_randomness, replica_seed, seed_generators
 from engine.distribute.strategy import build_strategy
 from engine.task import Task
@@ -134,7 +134,7 @@ def _trained(tmp_path, name, **overrides):
     config = small_config(
         model_dir,
         model="mlp",
-        task=f"{TEST_TASKS}:DropoutTask",
+        task=f"{TASKS_EQUIVALENCE}:DropoutTask",
         strategy="mirrored",
         cpu_replicas=2,
         optimizer="sgd",
@@ -150,18 +150,14 @@ def _trained(tmp_path, name, **overrides):
     return exported_weights(model_dir)
 
 
-def _max_difference(a, b):
-    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
-
-
 def test_seeded_runs_with_dropout_repeat(tmp_path, monkeypatch):
     """Two runs with --seed=3 (Dropout and Task.random_seed noise on 2 replicas) train the same
     weights (bitwise here; allclose allows for summation order); --seed=4 trains others."""
     first, second = _trained(tmp_path, "a", seed=3), _trained(tmp_path, "b", seed=3)
     for x, y in zip(first, second):
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-6)
-    assert _max_difference(first, _trained(tmp_path, "c", seed=4)) > 1e-3
+    assert max_difference(first, _trained(tmp_path, "c", seed=4)) > 1e-3
     # The trainer applies the wrapper: without it (one Dropout mask for both replicas) the same
     # seed trains other weights.
     monkeypatch.setattr("engine.controller.state.per_replica_randomness", lambda model: 0)
-    assert _max_difference(first, _trained(tmp_path, "unwrapped", seed=3)) > 1e-3
+    assert max_difference(first, _trained(tmp_path, "unwrapped", seed=3)) > 1e-3

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers import QUIET, TEST_TASKS, checkpoint_state, id_shards, small_config
+from helpers import QUIET, TASKS_DATA, checkpoint_state, id_shards, small_config
 from engine.controller.trainer import train
 from engine.errors import UserError
 
@@ -20,7 +20,7 @@ RUN = dict(
     global_batch=64,
     train_steps=23,
     steps_per_loop=5,
-    task=f"{TEST_TASKS}:FlipTask",
+    task=f"{TASKS_DATA}:FlipTask",
     deterministic=True,
     eval_every=-1,
 )
@@ -141,7 +141,7 @@ def test_auto_is_resident_unless_the_task_augments_each_example(tmp_path):
 
     arrays = sources.load(Config(dataset="synthetic", synthetic_train_examples=64, synthetic_test_examples=32))
     streamed = sources.load(Config(dataset=id_shards(tmp_path / "data")))
-    auto = Config()
+    auto = Config(dataset="synthetic")
     assert auto.input_mode == "auto"
     assert resolved_input_mode(auto, arrays, augmented=False) == "resident"
     assert resolved_input_mode(auto, arrays, augmented=True) == "distribute_dataset"  # augments beside the step

@@ -8,30 +8,30 @@ import os
 
 import numpy as np
 import pytest
-from helpers import QUIET, TEST_TASKS, explain, exported_weights, run_cli, small_config, tensorboard_scalars
+from helpers import (
+    QUIET,
+    TASKS_FAULTS,
+    explain,
+    exported_weights,
+    run_cli,
+    small_config,
+    small_flags,
+    tensorboard_scalars,
+)
 
 from engine.controller.trainer import train
 
 ARGS = [
     "--strategy=multi_worker_mirrored",
     "--num_workers=2",
-    "--dataset=synthetic",
-    "--synthetic_train_examples=1024",
-    "--synthetic_test_examples=300",
-    "--global_batch=64",
-    "--train_steps=8",
-    "--steps_per_loop=2",
-    "--checkpoint_every=2",
-    "--seed=7",
-    "--model=mlp",
-    "--collective_timeout=30",
+    *small_flags(train_steps=8, steps_per_loop=2, checkpoint_every=2, model="mlp", collective_timeout=30),
 ]
 
 
 def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_undisturbed(tmp_path):
     proc = run_cli(
         *ARGS,
-        f"--task={TEST_TASKS}:KilledOnceTask",
+        f"--task={TASKS_FAULTS}:KilledOnceTask",
         "--max_restarts=2",
         f"--model_dir={tmp_path / 'run'}",
         "--export",

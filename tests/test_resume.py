@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from helpers import QUIET, TEST_TASKS, checkpoint_state, small_config
+from helpers import QUIET, TASKS_EQUIVALENCE, checkpoint_state, small_config
 from engine.controller.trainer import train
 
 # 1024 examples / batch 64 = 16 steps per epoch; loops of 3 steps.
@@ -41,7 +41,7 @@ def test_resume_one_replica_deterministic_is_bitwise(tmp_path):
 def test_resume_two_replicas_matches_within_tolerance(tmp_path):
     """With Dropout and Task.random_seed noise: the random streams continue where they stopped."""
     stopped, straight = _stopped_and_straight(
-        tmp_path, strategy="mirrored", cpu_replicas=2, task=f"{TEST_TASKS}:DropoutTask"
+        tmp_path, strategy="mirrored", cpu_replicas=2, task=f"{TASKS_EQUIVALENCE}:DropoutTask"
     )
     for name in stopped:
         np.testing.assert_allclose(stopped[name], straight[name], rtol=1e-5, atol=1e-6, err_msg=name)

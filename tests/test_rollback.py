@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 import pytest
-from helpers import QUIET, TEST_TASKS, checkpoint_state, explain, run_cli, small_config, tensorboard_scalars
+from helpers import QUIET, TASKS_NONFINITE, checkpoint_state, explain, run_cli, small_config, tensorboard_scalars
 
 from engine.controller.trainer import train
 from engine.errors import NonFiniteLoss, UserError
@@ -19,7 +19,7 @@ ROLLBACK = dict(
     model="mlp", on_nonfinite="rollback", train_steps=12, steps_per_loop=2, checkpoint_every=4, eval_every=-1
 )
 # NanLossTask's loss is NaN while global_step == 5, whatever the batch: a retry fails again.
-NAN_AT_5 = dict(ROLLBACK, task=f"{TEST_TASKS}:NanLossTask")
+NAN_AT_5 = dict(ROLLBACK, task=f"{TASKS_NONFINITE}:NanLossTask")
 
 
 def _one_bad_example(directory) -> dict:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import QUIET, TEST_TASKS, checkpoint_state, id_arrays, id_shards, small_config, stream_eval_totals
-from tasks import FlipTask
+from helpers import QUIET, TASKS_DATA, checkpoint_state, id_arrays, id_shards, small_config, stream_eval_totals
+from tasks_data import FlipTask
 from engine.config import Config
 from engine.controller.trainer import train
 from engine.data import builtin, sources, tfrecord
@@ -301,7 +301,7 @@ def test_task_brings_its_own_datasets(tmp_path, replicas):
     result = train(
         small_config(
             tmp_path,
-            task=f"{TEST_TASKS}:OwnDataTask",
+            task=f"{TASKS_DATA}:OwnDataTask",
             model="mlp",
             train_steps=30,
             steps_per_loop=10,
@@ -318,7 +318,7 @@ def test_task_brings_its_own_datasets(tmp_path, replicas):
 @pytest.mark.fast
 def test_a_task_with_its_own_datasets_refuses_to_be_read_into_memory(tmp_path):
     with pytest.raises(UserError, match=r"--input_mode=resident .* OwnDataTask.datasets\(\) builds its own"):
-        train(small_config(tmp_path, task=f"{TEST_TASKS}:OwnDataTask", model="mlp", input_mode="resident"), **QUIET)
+        train(small_config(tmp_path, task=f"{TASKS_DATA}:OwnDataTask", model="mlp", input_mode="resident"), **QUIET)
 
 
 @pytest.mark.fast
@@ -348,4 +348,4 @@ def test_cache_is_refused_where_it_would_do_nothing(tmp_path):
             sources.load(config)
         assert "\n" not in str(error.value)
     with pytest.raises(UserError, match=r"--cache applies to streamed --dataset sources, but OwnDataTask.datasets"):
-        train(small_config(tmp_path / "own", task=f"{TEST_TASKS}:OwnDataTask", model="mlp", cache=True), **QUIET)
+        train(small_config(tmp_path / "own", task=f"{TASKS_DATA}:OwnDataTask", model="mlp", cache=True), **QUIET)

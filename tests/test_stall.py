@@ -6,25 +6,13 @@ from __future__ import annotations
 import glob
 import os
 import signal
-import subprocess
-import sys
 import time
 
-from helpers import REPO, TEST_TASKS, explain, finish_all, run_cli
+from helpers import TASKS_FAULTS, explain, run_cli, small_flags, start_workers
 
 from engine import exit_codes
-from engine.distribute.launch import worker_tf_configs
 
-ARGS = [
-    "--dataset=synthetic",
-    "--synthetic_train_examples=1024",
-    "--synthetic_test_examples=300",
-    "--global_batch=64",
-    "--train_steps=16",
-    "--steps_per_loop=2",
-    "--seed=7",
-    "--model=mlp",
-]
+ARGS = small_flags(train_steps=16, steps_per_loop=2, model="mlp")
 
 
 def _stack_dumps(model_dir) -> list:
@@ -35,7 +23,7 @@ def test_a_blocked_input_pipeline_ends_the_run_as_stalled(tmp_path):
     started = time.monotonic()
     proc = run_cli(
         *ARGS,
-        f"--task={TEST_TASKS}:BlockingInputTask",
+        f"--task={TASKS_FAULTS}:BlockingInputTask",
         "--stall_timeout=4",
         f"--model_dir={tmp_path}",
         "--noexport",
@@ -51,36 +39,22 @@ def test_a_blocked_input_pipeline_ends_the_run_as_stalled(tmp_path):
 
 
 def _workers(tmp_path, task, extra=()):
-    processes = []
-    for tf_config in worker_tf_configs(2):
-        env = dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="3")
-        processes.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    os.path.join(REPO, "run.py"),
-                    "--strategy=multi_worker_mirrored",
-                    *ARGS,
-                    f"--task={TEST_TASKS}:{task}",
-                    "--collective_timeout=30",
-                    f"--model_dir={tmp_path}",
-                    "--noexport",
-                    *extra,
-                ],
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    return processes
+    return start_workers(
+        [
+            *ARGS,
+            f"--task={TASKS_FAULTS}:{task}",
+            "--collective_timeout=30",
+            f"--model_dir={tmp_path}",
+            "--noexport",
+            *extra,
+        ]
+    )
 
 
 def test_a_worker_whose_input_blocks_is_named_and_every_worker_exits(tmp_path):
     started = time.monotonic()
-    processes = _workers(tmp_path, "BlockingInputOnWorkerOneTask", ["--stall_timeout=10"])
-    codes, outputs = finish_all(processes, timeout=150)
+    with _workers(tmp_path, "BlockingInputOnWorkerOneTask", ["--stall_timeout=10"]) as cluster:
+        codes, outputs = cluster.wait(timeout=150), cluster.outputs
     assert all(code >= 128 for code in codes), (codes, outputs)
     assert time.monotonic() - started < 150
     last = outputs[0].strip().splitlines()[-1]
@@ -92,19 +66,13 @@ def test_a_worker_whose_input_blocks_is_named_and_every_worker_exits(tmp_path):
 
 
 def test_a_frozen_worker_is_named(tmp_path):
-    processes = _workers(tmp_path, "SlowTrainingTask", ["--stall_timeout=15", "--train_steps=400"])
-    try:
-        deadline = time.monotonic() + 120
-        while not os.path.exists(os.path.join(tmp_path, "checkpoints")) and time.monotonic() < deadline:
-            time.sleep(0.2)
+    with _workers(tmp_path, "SlowTrainingTask", ["--stall_timeout=15", "--train_steps=400"]) as cluster:
+        cluster.wait_until(lambda: os.path.exists(os.path.join(tmp_path, "checkpoints")), timeout=120)
         time.sleep(2)
-        processes[1].send_signal(signal.SIGSTOP)
-        output = processes[0].communicate(timeout=120)[0]
-    finally:
-        for process in processes:
-            process.send_signal(signal.SIGCONT)
-            process.kill()
-    assert processes[0].returncode >= 128, output[-3000:]
+        cluster[1].send_signal(signal.SIGSTOP)  # frozen: alive, but it runs nothing
+        cluster[0].wait(timeout=120)
+    output = cluster[0].output  # the kill at the block's end ends the stopped worker too
+    assert cluster[0].returncode >= 128, output[-3000:]
     assert "worker 1" in output.strip().splitlines()[-1] or "worker:1" in output.strip().splitlines()[-1], output[
         -3000:
     ]

@@ -12,17 +12,28 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import QUIET, TEST_TASKS, checkpoint_state, explain, run_cli, small_config, tensorboard_run
+from helpers import (
+    QUIET,
+    TASKS_REFUSED,
+    TASKS_STATE,
+    checkpoint_state,
+    explain,
+    max_difference,
+    run_cli,
+    small_config,
+    small_flags,
+    tensorboard_run,
+)
 
 from engine.controller.state import create_state
 from engine.controller.trainer import train
 from engine.distribute.strategy import build_strategy
 from engine.errors import ExtraFailed, UserError
 from engine.task_state import top_level_names
-from tasks import SecondModelTask
+from tasks_state import SecondModelTask
 
 TWO = dict(strategy="mirrored", cpu_replicas=2)
-PROBE = f"{TEST_TASKS}:ProbeTask"
+PROBE = f"{TASKS_STATE}:ProbeTask"
 STATE = ("model/", "optimizer/", "task/")
 
 
@@ -42,10 +53,11 @@ def _task_state_names(model_dir) -> set:
     return top_level_names(latest, "task")
 
 
-def _max_difference(a: dict, b: dict) -> float:
-    # The probe's kernel is stored once, under the first path to it (its optimizer's).
-    assert a.keys() == b.keys() and any(k.startswith("task/") and a[k].shape == (784, 10) for k in a)
-    return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a if a[k].dtype.kind == "f")
+def _state_difference(a: dict, b: dict) -> float:
+    """max_difference of two checkpoint states that hold the probe (its kernel is stored once, under
+    the first path to it: its optimizer's)."""
+    assert any(k.startswith("task/") and a[k].shape == (784, 10) for k in a)
+    return max_difference(a, b)
 
 
 @pytest.mark.fast
@@ -61,28 +73,30 @@ def test_a_resumed_two_optimizer_run_equals_an_uninterrupted_one(tmp_path):
     train(_config(tmp_path, "resumed", train_steps=12), **QUIET)
     train(_config(tmp_path, "straight", train_steps=12), **QUIET)
     resumed = checkpoint_state(tmp_path / "resumed", STATE)
-    assert _max_difference(resumed, checkpoint_state(tmp_path / "straight", STATE)) <= 1e-6
+    assert _state_difference(resumed, checkpoint_state(tmp_path / "straight", STATE)) <= 1e-6
     assert _iterations(tmp_path / "resumed", "task/probe_optimizer") == 12
 
 
 def test_two_replicas_train_both_models_like_one(tmp_path):
     train(_config(tmp_path, "two", **TWO), **QUIET)
     train(_config(tmp_path, "one", strategy="default"), **QUIET)
-    assert _max_difference(checkpoint_state(tmp_path / "two", STATE), checkpoint_state(tmp_path / "one", STATE)) <= 1e-5
+    assert (
+        _state_difference(checkpoint_state(tmp_path / "two", STATE), checkpoint_state(tmp_path / "one", STATE)) <= 1e-5
+    )
 
 
 def test_accumulated_micro_batches_train_both_models_like_the_whole_batch(tmp_path):
     train(_config(tmp_path, "accum", grad_accum_steps=2, **TWO), **QUIET)
     train(_config(tmp_path, "whole", **TWO), **QUIET)
     assert (
-        _max_difference(checkpoint_state(tmp_path / "accum", STATE), checkpoint_state(tmp_path / "whole", STATE))
+        _state_difference(checkpoint_state(tmp_path / "accum", STATE), checkpoint_state(tmp_path / "whole", STATE))
         <= 1e-5
     )
 
 
 @pytest.mark.fast
 def test_when_steps_an_optimizer_only_where_it_is_true(tmp_path):
-    train(_config(tmp_path, task=f"{TEST_TASKS}:EveryOtherProbeTask", **TWO), **QUIET)
+    train(_config(tmp_path, task=f"{TASKS_STATE}:EveryOtherProbeTask", **TWO), **QUIET)
     assert _iterations(tmp_path / "run", "task/probe_optimizer") == 3
     assert _iterations(tmp_path / "run", "optimizer") == 6
 
@@ -93,7 +107,7 @@ def test_a_non_finite_gradient_of_one_optimizer_skips_the_whole_update(tmp_path)
     result = train(
         _config(
             tmp_path,
-            task=f"{TEST_TASKS}:PoisonedProbeTask",
+            task=f"{TASKS_STATE}:PoisonedProbeTask",
             on_nonfinite="skip",
             train_steps=4,
             steps_per_loop=1,
@@ -150,14 +164,7 @@ def test_a_checkpoint_holding_a_model_the_task_lacks_is_refused_in_one_line(tmp_
     train(_config(tmp_path), **QUIET)
     proc = run_cli(
         f"--model_dir={model_dir}",
-        "--dataset=synthetic",
-        "--synthetic_train_examples=1024",
-        "--synthetic_test_examples=300",
-        "--global_batch=64",
-        "--train_steps=12",
-        "--steps_per_loop=3",
-        "--seed=7",
-        "--model=mlp",
+        *small_flags(train_steps=12, model="mlp"),
         "--noexport",
         "--allow_config_change",
     )
@@ -176,13 +183,13 @@ def test_a_checkpoint_holding_a_model_the_task_lacks_is_refused_in_one_line(tmp_
 )
 def test_an_optimizer_the_engine_cannot_guard_is_refused(tmp_path, task, message):
     with pytest.raises(UserError, match=message):
-        train(_config(tmp_path, task=f"{TEST_TASKS}:{task}"), **QUIET)
+        train(_config(tmp_path, task=f"{TASKS_STATE}:{task}"), **QUIET)
 
 
 @pytest.mark.fast
 def test_state_no_checkpoint_can_hold_is_warned_about_once(tmp_path):
     out = io.StringIO()
-    train(_config(tmp_path, task=f"{TEST_TASKS}:CountingProbeTask", train_steps=9), out=out)
+    train(_config(tmp_path, task=f"{TASKS_STATE}:CountingProbeTask", train_steps=9), out=out)
     warnings = [line for line in out.getvalue().splitlines() if "self.evaluations" in line]
     assert len(warnings) == 1 and "changed during training" in warnings[0], out.getvalue()
 
@@ -202,7 +209,7 @@ def test_an_extra_model_does_not_move_the_main_models_initial_weights(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-COLLECTIVE = f"{TEST_TASKS}:CollectiveStepTask"
+COLLECTIVE = f"{TASKS_STATE}:CollectiveStepTask"
 
 
 def test_step_collectives_and_example_noise_are_the_same_whatever_the_replicas(tmp_path):
@@ -233,7 +240,7 @@ def test_a_step_collective_under_xla_with_mirrored_is_refused(tmp_path):
 @pytest.mark.fast
 def test_a_failing_extra_ends_the_run_and_keeps_the_checkpoint_of_its_step(tmp_path):
     with pytest.raises(ExtraFailed, match=r"failed at step 6: ValueError: after_eval fails on purpose"):
-        train(small_config(tmp_path, task=f"{TEST_TASKS}:FailingAfterEvalTask", model="mlp"), **QUIET)
+        train(small_config(tmp_path, task=f"{TASKS_REFUSED}:FailingAfterEvalTask", model="mlp"), **QUIET)
     assert tf.train.latest_checkpoint(os.path.join(tmp_path, "checkpoints")).endswith("ckpt-6")
 
 
@@ -244,4 +251,4 @@ def test_a_task_that_is_no_classifier_gets_no_confusion_matrix(tmp_path):
         return set(tensorboard_run(tmp_path / name / "eval").Tags()["tensors"])
 
     assert "confusion_matrix" in image_tags("classifier", "classification")
-    assert "confusion_matrix" not in image_tags("other", f"{TEST_TASKS}:NotAClassifierTask")
+    assert "confusion_matrix" not in image_tags("other", f"{TASKS_STATE}:NotAClassifierTask")

@@ -23,7 +23,7 @@ from engine.config import Config
 from engine.controller.trainer import train
 from engine.data import sources
 from engine.errors import UserError
-from tasks import IdCountingTask
+from tasks_data import IdCountingTask
 
 NAMES = ["a", "b", "c"]
 SPLITS = {"train": (40, 0), "test": (11, 100), "validation": (13, 200)}  # split: (examples, first id)

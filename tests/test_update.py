@@ -10,7 +10,15 @@ import keras
 import numpy as np
 import pytest
 
-from helpers import QUIET, TEST_TASKS, checkpoint_state, exported_weights, small_config, tensorboard_scalars
+from helpers import (
+    QUIET,
+    TASKS_NONFINITE,
+    TASKS_REFUSED,
+    checkpoint_state,
+    exported_weights,
+    small_config,
+    tensorboard_scalars,
+)
 from engine.errors import UserError
 from engine.controller.trainer import train
 from engine.update import INITIAL_LOSS_SCALE
@@ -40,7 +48,7 @@ def test_float16_overflow_on_one_replica_skips_the_step_everywhere(tmp_path):
             precision="mixed_float16",
             train_steps=6,
             steps_per_loop=3,
-            task=f"{TEST_TASKS}:InfGradientTask",
+            task=f"{TASKS_NONFINITE}:InfGradientTask",
             **TWO_REPLICAS,
         ),
         **QUIET,
@@ -82,7 +90,7 @@ def test_bfloat16_computes_in_bfloat16_with_a_float32_head(tmp_path):
 def test_float16_refuses_a_step_that_does_not_scale_its_loss(tmp_path):
     with pytest.raises(UserError, match="self.scale_loss"):
         train(
-            small_config(tmp_path, model="mlp", precision="mixed_float16", task=f"{TEST_TASKS}:UnscaledLossTask"),
+            small_config(tmp_path, model="mlp", precision="mixed_float16", task=f"{TASKS_REFUSED}:UnscaledLossTask"),
             **QUIET,
         )
 

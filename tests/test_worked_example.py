@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import QUIET, TEST_TASKS, exported_weights, small_config, tensorboard_scalars
+from helpers import QUIET, TASKS_EQUIVALENCE, exported_weights, small_config, tensorboard_scalars
 
 from engine.controller.trainer import train
 from engine.tasks.label_smoothing import LabelSmoothingTask
@@ -27,7 +27,7 @@ def test_smoothed_loss_is_the_cross_entropy_against_smoothed_labels():
 def test_two_replicas_train_like_one(tmp_path):
     """The regulariser is added through replica_loss (divided by the replica count), so 2 replicas
     match 1; adding it undivided on each replica would count it twice."""
-    task = f"{TEST_TASKS}:QuietLabelSmoothingTask"
+    task = f"{TASKS_EQUIVALENCE}:QuietLabelSmoothingTask"
     two = small_config(tmp_path / "two", task=task, export=True, **TWO_REPLICAS)
     train(two, **QUIET)
     train(two.replace(model_dir=str(tmp_path / "one"), strategy="default", cpu_replicas=1), **QUIET)

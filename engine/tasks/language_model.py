@@ -15,7 +15,7 @@ next-byte prediction. What it changes, each the way that stays correct on any nu
     gradients then adds up exactly the gradient of the global per-token mean. Two tempting
     shortcuts are wrong: dividing by the replica's OWN count (and by the replica count) weights
     every replica's mean equally, so a replica holding a mostly padded window counts as much as
-    one full of text (tests/tasks.py:LocalTokenMeanTask; tests/test_language_model.py shows it
+    one full of text (tests/tasks_equivalence.py:LocalTokenMeanTask; tests/test_language_model.py shows it
     breaks "2 replicas == 1"); dividing by a constant (global batch x seq_len) ignores padding
     and shrinks the loss of every batch that holds padding.
     TensorFlow cannot run that all-reduce (a merge_call) inside XLA or inside the engine's loop
