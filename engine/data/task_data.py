@@ -51,6 +51,7 @@ class TaskSource:
     """Adapts a TaskDatasets to the engine's source interface."""
 
     streamed = True
+    engine_augments = False  # the Task's own pipelines apply its augmentation themselves
 
     def __init__(self, name: str, datasets: TaskDatasets):
         if not isinstance(datasets, TaskDatasets):
