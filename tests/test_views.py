@@ -176,3 +176,22 @@ def test_a_shape_that_varies_per_example_is_one_line_and_exit_2(tmp_path):
 def test_a_python_object_is_refused_before_training(tmp_path):
     with pytest.raises(UserError, match=r"PythonObjectTask.augment_example returned .*a Python object"):
         train(small_config(tmp_path, task=f"{VIEWS_TASKS}:PythonObjectTask", model="mlp"), **QUIET)
+
+
+@pytest.mark.fast
+def test_a_parser_that_returns_more_than_the_pair_is_one_line(tmp_path):
+    images, labels = builtin.synthetic_arrays(8, seed=1, shape=(8, 8, 1))
+    tfrecord.write_shards(str(tmp_path), "train", images, labels, 1)
+
+    def parse_example(serialized):
+        parsed = tf.io.parse_single_example(serialized, {"label": tf.io.FixedLenFeature([], tf.int64)})
+        return {"label": parsed["label"], "copy": parsed["label"]}, parsed["label"], parsed["label"]
+
+    with pytest.raises(UserError) as refused:
+        tfrecord.load(f"{tmp_path}/train-*", Config(dataset="tfrecord:x"), parse_example=parse_example)
+    message = str(refused.value)
+    assert (
+        "\n" not in message
+        and "parse_example gives ({'label': int64 (), 'copy': int64 ()}, int64 (), int64 ())" in message
+    )
+    assert "augment_example" in message

@@ -5,6 +5,7 @@ parse_shape                             "32,32,3" -> (32, 32, 3), with a one-lin
 with_options                            the tf.data options of every pipeline the engine builds
 augmented_spec                          one example's structure after a Task's augmentation, or a one-line refusal
 describe_structure                      such a structure in one line
+check_example_pair                      a parser's or own pipeline's example is (features, label), or one line
 augment_each                            a Task's per-example augmentation over a batch
 """
 
@@ -67,6 +68,7 @@ def with_options(
     return dataset.with_options(options)
 
 
+@tf.autograph.experimental.do_not_convert  # plain Python over a trace; the augmentation itself is converted
 def augmented_spec(augment, features: tf.TensorSpec, labels: tf.TensorSpec):
     """What the Task's `augment(features, label, position)` returns for one example of this spec: a
     structure (tuple, dict, ...) of tf.TensorSpec, found by tracing it once, nothing run. A
@@ -137,6 +139,19 @@ def describe_structure(structure) -> str:
     if isinstance(structure, (tf.Tensor, tf.TensorSpec, tf.RaggedTensor, tf.SparseTensor)):
         return f"{kind}{structure.dtype.name} {_shape(structure.shape)}"
     return f"a Python {type(structure).__name__}"
+
+
+def check_example_pair(where: str, element) -> None:
+    """A parser's or a Task's own pipeline's example must be (features, label), one tensor each,
+    because evaluation, the model build and the export read them; a UserError naming `where` and
+    what it gave otherwise (a structure for training alone belongs in augment_example)."""
+    pair = isinstance(element, tuple) and len(element) == 2
+    if not (pair and all(isinstance(part, tf.TensorSpec) for part in element)):
+        raise UserError(
+            f"{where} gives {describe_structure(element)}; expected (features, label), one tensor each "
+            "(evaluation, the model and the export take that pair): return a structure for training "
+            "from augment_example instead (docs/data.md#augmentation)"
+        )
 
 
 def augment_each(augment, x, y, positions):
