@@ -134,7 +134,10 @@ class Task:
         """Training augmentation of ONE example (override it; the default changes nothing and costs
         nothing). `seed` is a [2] int64 seed for tf.random.stateless_* ops: different for every
         example and epoch, the same when the run repeats with --seed or resumes. Evaluation data is
-        never augmented. Return (features, label) with the same shapes and dtypes."""
+        never augmented. Return any structure of tensors (the pair, two views stacked as (2, H, W, C),
+        a tuple, a dict, another size or label dtype): `train_step` gets it batched, each tensor of one
+        fixed shape for every example (anything else is refused at start-up). `input_shape`, the
+        model, evaluation and the export keep the data's own example."""
         return features, label
 
     def example_augmentation(self, seed: int):
@@ -148,6 +151,7 @@ class Task:
         def augment(features, label, position):
             return self.augment_example(features, label, tf.stack([tf.constant(seed, tf.int64), position]))
 
+        augment.where = f"{type(self).__name__}.augment_example"  # what a refusal names
         return augment
 
     # ---- replica context ----

@@ -17,6 +17,7 @@ from engine.controller.rollback import Rollback
 from engine.controller.schedule import Schedule
 from engine.controller.state import build_task_state
 from engine.data import pipelines
+from engine.data.formats import describe_structure
 from engine.distribute import stall
 from engine.distribute import strategy as strategy_lib
 from engine.distribute.agreement import agree
@@ -88,8 +89,16 @@ def build_run(config, out) -> BuiltRun:
     start_step = state.step
     for action in actions:
         action.resume_at(start_step)
-    input_mode = resolved_input_mode(config, data, augmented=task.example_augmentation(task.seed) is not None)
+    augment = task.example_augmentation(task.seed)
+    augmented = pipelines.training_example(data, augment)  # a structure the engine cannot batch: refused now
+    input_mode = resolved_input_mode(config, data, augmented=augment is not None)
     report.banner(config, placement, data, per_replica, schedule, task.seed, task.model, start_step, out, input_mode)
+    if augmented is not None and augmented != (data.spec.features, data.spec.labels):
+        where = getattr(augment, "where", "Task.augment_example")
+        out.write(
+            f"note         {where} gives train_step {describe_structure(augmented)} per example; "
+            f"evaluation and the export take the data's {describe_structure((data.spec.features, data.spec.labels))}\n"
+        )
     run_facts = {"engine_version": __version__, "replicas": placement.num_replicas, "effective_seed": task.seed}
     run_facts.update(data_facts)
     if placement.is_chief and (start_step == 0 or config_changes or data_changed):

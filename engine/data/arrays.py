@@ -161,8 +161,8 @@ def _index_batches(num_examples: int, global_batch: int, seed: int | None, skip_
 
 
 def gather_normalised(features, labels, global_batch, augment, dtypes=None, on_cpu: bool = True):
-    """(batch number, indices[, rows]) -> normalised (features, labels), one gather per batch;
-    `augment` (per example, with its stream position as seed) when the Task has one; `rows`: the
+    """(batch number, indices[, rows]) -> normalised (features, labels), one gather per batch, or
+    what `augment` returns (per example, with its stream position as seed) when the Task has one; `rows`: the
     examples' places in their global batch (default: 0, 1, ...). `features` and `labels` are
     arrays (made constants) or variables (read where the gather runs: input_mode=resident);
     `dtypes`: the (features, labels) dtypes to cast the gathered values back to, when stored wider;
@@ -175,10 +175,10 @@ def gather_normalised(features, labels, global_batch, augment, dtypes=None, on_c
         if dtypes is not None:
             x, y = tf.cast(x, dtypes[0]), tf.cast(y, dtypes[1])
         x, y = _normalise(x, y, on_cpu)
-        if augment is not None:
-            rows = tf.range(tf.shape(indices)[0], dtype=tf.int64) if rows is None else rows
-            x, y = augment_each(augment, x, y, batch_number * global_batch + rows)
-        return x, y
+        if augment is None:
+            return x, y
+        rows = tf.range(tf.shape(indices)[0], dtype=tf.int64) if rows is None else rows
+        return augment_each(augment, x, y, batch_number * global_batch + rows)  # any structure it returns
 
     return gather
 

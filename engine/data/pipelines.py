@@ -26,13 +26,24 @@ from __future__ import annotations
 from engine import compat
 from engine.config import INPUT_MODES, resolved_input_mode
 from engine.data import resident
+from engine.data.formats import augmented_spec
 from engine.errors import UserError
+
+
+def training_example(source, augment):
+    """One training example as `train_step` gets it (a structure of tf.TensorSpec) when the Task
+    augments it, else None; a structure the engine cannot batch is refused here, at start-up, in
+    one line (engine/data/formats.py augmented_spec). A Task's own pipelines augment themselves."""
+    if augment is None or not getattr(source, "engine_augments", True):
+        return None
+    return augmented_spec(augment, source.spec.features, source.spec.labels)
 
 
 def distributed_train_data(strategy, source, config, seed: int, skip_batches: int, augment=None):
     """The endless training stream split across replicas. `augment`: the Task's per-example
     augmentation (`Task.example_augmentation(seed)`), or None."""
     compat.device_datasets_without_autotune()
+    training_example(source, augment)  # refused before any pipeline is traced
     mode = resolved_input_mode(config, source, augmented=augment is not None)
     if mode == "streamed":
         return strategy.distribute_datasets_from_function(

@@ -28,7 +28,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from engine.data.formats import with_options
+from engine.data.formats import check_example_pair, with_options
 from engine.data.spec import DataSpec
 from engine.errors import UserError
 
@@ -51,6 +51,7 @@ class TaskSource:
     """Adapts a TaskDatasets to the engine's source interface."""
 
     streamed = True
+    engine_augments = False  # the Task's own pipelines apply its augmentation themselves
 
     def __init__(self, name: str, datasets: TaskDatasets):
         if not isinstance(datasets, TaskDatasets):
@@ -58,8 +59,7 @@ class TaskSource:
         self.name, self.where, self.datasets = name, f"{name}.datasets()", datasets
         self.num_train, self.num_test = datasets.num_train, datasets.num_test
         element = self._eval().element_spec
-        if not (isinstance(element, tuple) and len(element) == 2):
-            raise UserError(f"{self.where}: batches must be (features, labels), got {element}")
+        check_example_pair(f"{self.where}'s evaluate", element)
         unbatched = tuple(tf.TensorSpec(spec.shape[1:], spec.dtype) for spec in element)
         self.spec = DataSpec.of(unbatched, datasets.num_classes, datasets.class_names)
 

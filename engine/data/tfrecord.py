@@ -24,7 +24,7 @@ import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2
 
 from engine.data import image_folders, streams
-from engine.data.formats import normalise_features, normalise_labels
+from engine.data.formats import check_example_pair, normalise_features, normalise_labels
 from engine.data.spec import DataSpec
 from engine.errors import UserError
 
@@ -189,8 +189,7 @@ def load(argument: str, config, parse_example=None) -> streams.StreamSource:
             if low < 0 or high >= num_classes:
                 raise UserError(f"{where}: {split} labels range over [{low}, {high}], expected [0, {num_classes - 1}]")
     element = tf.data.TFRecordDataset(train_files[:1]).map(decode).element_spec
-    if not (isinstance(element, tuple) and len(element) == 2):
-        raise UserError(f"--dataset=tfrecord: parse_example must return (features, label), got {element}")
+    check_example_pair("--dataset=tfrecord: the Task's parse_example", element)
     spec = DataSpec.of(element, num_classes if element[1].dtype.is_integer else None, raw_features=raw)
     if spec.features.shape.num_elements() is None:
         raise UserError(
