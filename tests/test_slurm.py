@@ -175,6 +175,7 @@ def test_each_job_step_gets_its_own_ports_in_the_documented_range():
         ("multi_worker_mirrored", 0, {"SLURM_STEP_TASKS_PER_NODE": "3"}, "disagree; set TF_CONFIG yourself"),
         ("multi_worker_mirrored", 0, {"SLURM_STEP_NODELIST": "a,b"}, "(2 nodes)"),
         ("multi_worker_mirrored", 0, {"SLURM_LOCALID": "1"}, "runs as local task 1 of node 0"),
+        ("multi_worker_mirrored", 0, {"SLURM_PROCID": "2"}, "SLURM_PROCID=2 is not a task of this step of 2"),
         ("multi_worker_mirrored", 0, {"SLURM_DISTRIBUTION": "arbitrary"}, "block, cyclic and plane"),
         (
             "multi_worker_mirrored",

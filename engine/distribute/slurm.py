@@ -159,13 +159,15 @@ def tf_config(env) -> dict:
             f"SLURM step of {tasks} tasks: node list {nodelist!r} ({len(hosts)} nodes) and tasks per node "
             f"{per_node!r} ({sum(counts)} tasks on {len(counts)} nodes) disagree; set TF_CONFIG yourself"
         )
+    if not 0 <= rank < tasks:
+        raise UserError(f"SLURM_PROCID={rank} is not a task of this step of {tasks}; set TF_CONFIG yourself")
     places = place_tasks(counts, env.get("SLURM_DISTRIBUTION", ""), int(env.get("SLURM_DIST_PLANESIZE") or 0))
     mine = (int(env.get("SLURM_NODEID", places[rank][0])), int(env.get("SLURM_LOCALID", places[rank][1])))
-    if not 0 <= rank < tasks or places[rank] != mine:
+    if places[rank] != mine:
         raise UserError(
             f"SLURM task {rank} runs as local task {mine[1]} of node {mine[0]}, not where the distribution "
-            f"{env.get('SLURM_DISTRIBUTION') or 'block'} puts it {places[rank] if rank < tasks else ''}; "
-            "set TF_CONFIG yourself"
+            f"{env.get('SLURM_DISTRIBUTION') or 'block'} puts it (local task {places[rank][1]} of node "
+            f"{places[rank][0]}); set TF_CONFIG yourself"
         )
     reserved = env.get("SLURM_STEP_RESV_PORTS")
     ports = _reserved_ports(reserved) if reserved else step_ports(job_id, step_id)
