@@ -48,6 +48,7 @@ def main(argv) -> int:
 
     try:
         config = engine_flags.config_from_flags()
+        _slurm_cluster(config)
         from engine.observe.startup_noise import import_tensorflow
 
         if show_info:
@@ -88,6 +89,17 @@ def main(argv) -> int:
     gc.collect()
     print(message, file=sys.stderr)
     return exit_code
+
+
+def _slurm_cluster(config) -> None:
+    """Under srun with several tasks and no TF_CONFIG, the cluster comes from SLURM's variables
+    (engine/distribute/slurm.py): TF_CONFIG is set here, before TensorFlow loads, so everything
+    after it (validation, agreement, watchdog, stall detection) is the same as for a written one."""
+    from engine.distribute import slurm
+
+    built = slurm.configure(config.strategy, config.num_workers, os.environ)
+    if built:
+        os.environ["TF_CONFIG"] = built
 
 
 def _role(config):

@@ -1,6 +1,7 @@
 """Distribution plumbing: everything between the flags and a working `tf.distribute` strategy.
 
 cluster.py      TF_CONFIG parsing and checks (no TensorFlow import: run.py fails fast)
+slurm.py        TF_CONFIG from an srun step's SLURM variables (no TensorFlow import)
 strategy.py     the strategy factory, logical CPU devices, chief/worker placement
 watchdog.py     rendezvous before the multi-worker strategy; peer watchdog during training
 agreement.py    start-up check that every worker runs the same flags
