@@ -24,7 +24,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import REPO, TEST_TASKS, checkpoint_state, exported_by_name, run_cli, trained_by_name
+from helpers import REPO, TASKS_FAULTS, checkpoint_state, exported_by_name, run_cli, trained_by_name
 from engine import exit_codes
 from engine.distribute import slurm
 from engine.distribute.cluster import parse_tf_config
@@ -46,7 +46,7 @@ FLAGS = [
     "--checkpoint_every=2",
     "--seed=7",
     "--collective_timeout=60",
-    f"--task={TEST_TASKS}:{SLOW}",
+    f"--task={TASKS_FAULTS}:{SLOW}",
     "--export",
 ]
 
