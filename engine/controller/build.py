@@ -86,6 +86,8 @@ def build_run(config, out) -> BuiltRun:
     task, state = build_task_state(config, placement, task_class, data, seed=seed, total_steps=schedule.total_steps)
     actions = engine_actions(config, task, is_chief=placement.is_chief)  # before training: bad flags refused now
     checkpoint_path = state.restore()
+    if state.checkpointer.resumed is not None:  # the newer checkpoints that did not read back, named
+        out.write("".join(line + "\n" for line in state.checkpointer.resumed.lines()))
     start_step = state.step
     for action in actions:
         action.resume_at(start_step)

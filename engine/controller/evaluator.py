@@ -6,7 +6,8 @@ strategy.scope() of whatever strategy THIS process has), restores a checkpoint r
 writes into the run's checkpoints/), evaluates the whole test split and writes the metrics to the
 run's eval/ TensorBoard run at the checkpoint's step. Only checkpoints the manager's `checkpoint`
 state file lists are read (a half-written one is not listed yet); one deleted before it could be
-restored is skipped with a warning. Evaluated steps are recorded in model_dir/eval/evaluated.json,
+restored, or one that cannot be read back (damaged), is skipped with a one-line warning and left
+where it is. Evaluated steps are recorded in model_dir/eval/evaluated.json,
 so a restarted evaluator skips them.
 """
 
@@ -24,6 +25,7 @@ from engine.controller import job, run_record
 from engine.controller.state import build_task_state
 from engine.controller.evaluation import evaluate_split
 from engine.controller.best import BestKeeper
+from engine.controller.checkpoints import CheckpointDamaged, checkpoint_files
 from engine.data import pipelines
 from engine.distribute import strategy as strategy_lib
 from engine.errors import UserError
@@ -57,7 +59,10 @@ def checkpoint_step(path: str) -> int | None:
 
 def listed_checkpoints(model_dir: str) -> list:
     """[(step, path)] of the complete checkpoints (those the `checkpoint` state file lists), by step."""
-    state = tf.train.get_checkpoint_state(os.path.join(model_dir, "checkpoints"))
+    try:
+        state = tf.train.get_checkpoint_state(os.path.join(model_dir, "checkpoints"))
+    except ValueError:  # an empty state file (garbage gives None): nothing is listed
+        state = None
     paths = list(state.all_model_checkpoint_paths) if state else []
     return sorted((step, path) for path in paths if (step := checkpoint_step(path)) is not None)
 
@@ -154,15 +159,21 @@ class _Evaluator:
 
     # Evaluation ------------------------------------------------------------------------------
 
-    def evaluate_checkpoint(self, path: str) -> bool:
-        """Restores `path` and evaluates it; False when its files were deleted meanwhile."""
+    def evaluate_checkpoint(self, path: str, strict: bool = False) -> bool:
+        """Restores `path` and evaluates it; False when its files were deleted meanwhile or cannot
+        be read back (strict: that ends the job, in one line)."""
         try:
             self.state.checkpointer.restore(path)
-        except tf.errors.NotFoundError:
-            self.say(
-                f"warning      checkpoint {path} was deleted before it could be read (the training "
-                "run keeps only --keep_checkpoints); skipped"
-            )
+        except CheckpointDamaged as err:
+            if strict:
+                raise
+            if checkpoint_files(path):  # damaged: read only, never moved (a training resume sets it aside)
+                self.say(f"warning      checkpoint {path} cannot be read back ({err.why}); skipped")
+            else:
+                self.say(
+                    f"warning      checkpoint {path} was deleted before it could be read (the training "
+                    "run keeps only --keep_checkpoints); skipped"
+                )
             self.result.skipped.append(path)
             return False
         step = self.state.step
@@ -198,13 +209,19 @@ class _Evaluator:
                     f"--checkpoint={path}: no such checkpoint (expected {path}.index); give a "
                     "prefix such as RUN/checkpoints/ckpt-600"
                 )
-        else:
-            listed = listed_checkpoints(self.config.model_dir)
-            if not listed:
-                raise UserError(f"--model_dir={self.config.model_dir} holds no checkpoint yet; nothing to evaluate")
-            path = listed[-1][1]
-        if not self.evaluate_checkpoint(path):
-            raise UserError(f"checkpoint {path} was deleted while it was being read; run again")
+            self.evaluate_checkpoint(path, strict=True)  # a damaged one: its one line, exit 2
+            return
+        listed = listed_checkpoints(self.config.model_dir)
+        if not listed:
+            raise UserError(f"--model_dir={self.config.model_dir} holds no checkpoint yet; nothing to evaluate")
+        for _, path in reversed(listed):  # the newest that reads back; a damaged one is skipped, in one line
+            if self.evaluate_checkpoint(path):
+                return
+        raise UserError(
+            f"no checkpoint of --model_dir={self.config.model_dir} could be read ("
+            + ", ".join(os.path.basename(p) for p in self.result.skipped)
+            + "); run again, or resume its training (which sets damaged checkpoints aside)"
+        )
 
     def run_continuous(self) -> None:
         skipped = set()

@@ -15,8 +15,7 @@ from __future__ import annotations
 import json
 import os
 
-import tensorflow as tf
-
+from engine.controller.checkpoints import found_checkpoints
 from engine.errors import UserError
 
 FILE_NAME = "config.json"
@@ -106,7 +105,8 @@ def check_resume(config) -> list:
 
 
 def _has_checkpoint(model_dir: str) -> bool:
-    return tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")) is not None
+    # From the files, not only the state file (which may be garbage or empty): see checkpoints.py.
+    return bool(found_checkpoints(os.path.join(model_dir, "checkpoints")))
 
 
 def _shown(names, most: int = 12) -> str:

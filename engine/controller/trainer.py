@@ -16,7 +16,7 @@ import traceback
 import tensorflow as tf
 
 from engine import user_code
-from engine.controller import job
+from engine.controller import job, run_lock
 from engine.controller.actions.base import ActionContext
 from engine.controller.actions.export import Export
 from engine.controller.build import BuiltRun, build_run
@@ -50,9 +50,11 @@ class RunResult:
 
 def train(config, out=None) -> RunResult:
     """Runs one training job as `config` says; returns what it achieved."""
-    with job.context(config):  # --precision's dtype policy; bad input records -> one line
+    out = out or sys.stdout
+    # --precision's dtype policy; bad input records -> one line; one training run per --model_dir
+    with job.context(config), run_lock.held(config, out):
         try:
-            return Trainer(build_run(config, out or sys.stdout)).run()
+            return Trainer(build_run(config, out)).run()
         except tf.errors.OpError as err:
             if config.strategy != "multi_worker_mirrored" or job.from_input_pipeline(err):
                 raise
