@@ -18,7 +18,9 @@ class StopRun(Exception):
         """The message as raised: without the "in user code:" trace autograph adds when the
         error was raised while a step was being traced."""
         metadata = getattr(self, "ag_error_metadata", None)
-        return getattr(metadata, "cause_message", None) or str(self)
+        message = getattr(metadata, "cause_message", None) or str(self)
+        # Raised in a nested trace (the XLA-compiled step in the loop), the cause names the class.
+        return message.removeprefix(f"{type(self).__name__}: ")
 
 
 class ExtraFailed(StopRun):

@@ -163,7 +163,7 @@ class _TrainStep:
         # A layer that all-reduces inside its call (synchronised batch norm) needs a merge_call,
         # which TensorFlow refuses inside a while_loop's body: such models run their micro-batches
         # unrolled in Python, each normalised by the statistics of that micro-batch on every replica.
-        # So do steps that call Task.all_reduce (found when the loop body is traced: CollectiveInLoop).
+        # So do steps that call Task.all_reduce/all_gather (found when the loop body is traced: CollectiveInLoop).
         self.unrolled = any(refused_combinations.cross_replica_layers(model) for model in self.models)
 
     def _compute_fn(self, batch, example_offset, in_loop=False):
@@ -391,14 +391,16 @@ def make_train_loop(strategy, task, global_step: tf.Variable, options: LoopOptio
     compiled = [compiled_for_one_run(train_loop)]
 
     def run(iterator, num_steps):
-        try:
-            return compiled[0](iterator, num_steps)
-        except step_context.CollectiveInLoop:
-            # The step all-reduces (Task.all_reduce) inside the micro-batch while_loop, where
-            # MirroredStrategy cannot: trace again with the micro-batches unrolled (nothing ran yet).
-            replica_step.unrolled = True
-            compiled[0] = compiled_for_one_run(train_loop)
-            return compiled[0](iterator, num_steps)
+        # A raw merge_call where TensorFlow cannot run one is refused in one line, not a traceback.
+        with step_context.raw_collectives_refused(options.accum_steps, options.jit_compile):
+            try:
+                return compiled[0](iterator, num_steps)
+            except step_context.CollectiveInLoop:
+                # The step calls Task.all_reduce/all_gather inside the micro-batch while_loop, where
+                # MirroredStrategy cannot: trace again with the micro-batches unrolled (nothing ran yet).
+                replica_step.unrolled = True
+                compiled[0] = compiled_for_one_run(train_loop)
+                return compiled[0](iterator, num_steps)
 
     run.experimental_get_tracing_count = lambda: compiled[0].experimental_get_tracing_count()
     return run

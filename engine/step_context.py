@@ -5,6 +5,7 @@ context, and where the engine finds what the step handed over.
                  engine/update.py, sums and applies them after the step)
   note_scaled    Task.scale_loss was called (mixed_float16 needs it)
   all_reduce     Task.all_reduce: SUM over every replica and worker
+  all_gather     Task.all_gather: every replica's and worker's values, concatenated in replica order
   example_seeds  Task.example_seeds: per-example stateless seeds that do not depend on the layout
 
 The engine's compiled loop (engine/loop.py) enters `tracing(...)` around each trace of the Task's
@@ -105,8 +106,9 @@ def note_scaled() -> None:
         handed.scaled = True
 
 
-def all_reduce(value, what="self.all_reduce"):
-    """SUM over every replica and worker (replica context, inside train_step)."""
+def _collective(what):
+    """The replica context, where the traced step may run a collective now: refused in one line
+    in an XLA-compiled step under a merge_call strategy; CollectiveInLoop in the micro-batch loop."""
     trace = getattr(_local, "trace", None)
     if trace is not None and trace.jit_strategy:
         raise UserError(
@@ -115,7 +117,50 @@ def all_reduce(value, what="self.all_reduce"):
         )
     if trace is not None and trace.in_loop:
         raise CollectiveInLoop(what)
-    return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
+    return tf.distribute.get_replica_context()
+
+
+def all_reduce(value, what="self.all_reduce"):
+    """SUM over every replica and worker (replica context, inside train_step)."""
+    return _collective(what).all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
+def all_gather(value, axis=0, what="self.all_gather"):
+    """Every replica's and worker's `value` (a tensor or a nest of them) concatenated along `axis`
+    in replica order, the same on every replica: one gather (TensorFlow's ReplicaContext.all_gather),
+    whose gradient is the upstream gradient summed over replicas, sliced to this replica's rows."""
+    for tensor in tf.nest.flatten(value):
+        if tf.convert_to_tensor(tensor).shape.rank == 0:
+            raise UserError(f"{what} needs tensors of rank >= 1 (got a scalar); gather tf.reshape(x, [1])")
+    return _collective(what).all_gather(value, axis)
+
+
+# TensorFlow's refusal of a merge_call where the step's graph cannot hold one.
+_RAW_MERGE_CALL = "`merge_call` called while defining a new graph"
+
+
+@contextlib.contextmanager
+def raw_collectives_refused(accum_steps=1, jit_compile=False):
+    """Around tracing the step: a raw replica-context collective (merge_call, or
+    get_replica_context().all_reduce/all_gather) where TensorFlow cannot run one becomes one line."""
+    try:
+        yield
+    except RuntimeError as err:
+        if _RAW_MERGE_CALL not in str(err):
+            raise
+        where = " and ".join(
+            place
+            for place, present in (
+                (f"the micro-batch loop of --grad_accum_steps={accum_steps}", accum_steps > 1),
+                ("the XLA-compiled step (--jit_compile)", jit_compile),
+            )
+            if present
+        )
+        raise UserError(
+            "the step calls a raw replica-context collective (merge_call, or get_replica_context()"
+            f".all_reduce/all_gather), which TensorFlow cannot run inside {where or 'a nested tf.function'}; "
+            "use self.all_reduce / self.all_gather, which the engine runs there (or refuses in one line)"
+        ) from None
 
 
 def example_seeds(key, n) -> tf.Tensor:

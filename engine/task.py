@@ -205,6 +205,17 @@ class Task:
         strategy the step is refused with one line."""
         return step_context.all_reduce(value)
 
+    def all_gather(self, value, axis=0):
+        """Every replica's and worker's `value` (a tensor of rank >= 1, or a list of them)
+        concatenated along `axis` in replica order, the same on every replica, inside train_step or
+        eval_step: e.g. the whole global batch's embeddings for a contrastive loss. In training this
+        replica's rows start at replica_id_in_sync_group x its batch size (training batches are
+        whole). Each value is sent once (a gather, not a padded all-reduce); the gradient reaching
+        this replica's value is the upstream gradient summed over replicas, sliced to its own rows.
+        With --grad_accum_steps each micro-batch gathers its own rows (the micro-batches then run
+        unrolled); with --jit_compile under a mirrored strategy the step is refused with one line."""
+        return step_context.all_gather(value, axis)
+
     def global_norm(self, gradients):
         """The global norm of `gradients` summed over every replica (one all-reduce of them): what
         the engine's clipping and grad_norm summary see for a whole (micro-)batch."""

@@ -18,8 +18,9 @@ next-byte prediction. What it changes, each the way that stays correct on any nu
     one full of text (tests/tasks_equivalence.py:LocalTokenMeanTask; tests/test_language_model.py shows it
     breaks "2 replicas == 1"); dividing by a constant (global batch x seq_len) ignores padding
     and shrinks the loss of every batch that holds padding.
-    TensorFlow cannot run that all-reduce (a merge_call) inside XLA or inside the engine's loop
-    over micro-batches, so the Task refuses --jit_compile and --grad_accum_steps > 1 at start-up.
+    The count comes from `self.all_reduce`. The Task refuses --grad_accum_steps > 1 at start-up
+    (each micro-batch would divide by its own global count, not the whole batch's) and --jit_compile
+    (under a mirrored strategy XLA cannot hold the all-reduce).
   * metrics are (total, count) pairs over real tokens: "loss" (per token, nats) and "accuracy"
     (next byte right); "perplexity" = exp(loss) is not a ratio of sums, so it is derived on the host
     from the reduced loss (`derived_metrics`) and shown with the others (console, TensorBoard).
@@ -107,14 +108,14 @@ class LanguageModelTask(Task):
     def __init__(self, config, spec=None, **kwargs):
         super().__init__(config, spec, **kwargs)
         self._next_logits = None
-        for flag, value, allowed in (
-            ("jit_compile", config.jit_compile, False),
-            ("grad_accum_steps", config.grad_accum_steps, 1),
+        for flag, value, allowed, why in (
+            ("jit_compile", config.jit_compile, False, "which a mirrored strategy cannot run inside XLA"),
+            ("grad_accum_steps", config.grad_accum_steps, 1, "which each micro-batch would count for itself only"),
         ):
             if value != allowed:
                 raise UserError(
-                    f"--task={config.task} all-reduces its real-token count inside the step, which TensorFlow "
-                    f"cannot do inside XLA or the micro-batch loop: drop --{flag}={value}"
+                    f"--task={config.task} all-reduces the global batch's real-token count inside the step, "
+                    f"{why}: drop --{flag}={value}"
                 )
 
     def build_model(self) -> keras.Model:
@@ -142,7 +143,7 @@ class LanguageModelTask(Task):
         """Real tokens in the GLOBAL batch: this replica's count, summed over every replica and
         worker (one scalar all-reduce; every replica calls it, unconditionally)."""
         local = tf.reduce_sum(tf.cast(labels >= 0, tf.float32))
-        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local)
+        return self.all_reduce(local)
 
     def normaliser(self, labels):
         """What this replica divides its summed token losses by."""
