@@ -10,7 +10,7 @@ The core a researcher touches (replica context, inside compiled loops):
   task.py        the Task: build_model, build_optimizer, build_extras, per_example_loss, train_step, eval_step
   task_state.py  what a Task holds (models, optimizers, variables as attributes): found, checkpointed
   losses.py      replica_loss: sum of per-example losses / GLOBAL batch (+ scaled regularisation)
-  step_context.py  what a step may call while traced: gradient hand-over, all_reduce, per-example seeds
+  step_context.py  what a step may call while traced: gradient hand-over, all_reduce, all_gather, per-example seeds
   loop.py        compiled inner loops: next batch -> strategy.run(step) -> reduce -> judge -> count
   update.py      the handed-over gradients of every optimizer: one all-reduce, unscale, finite check,
                  clip, apply
