@@ -60,6 +60,18 @@ def small_config(model_dir, **overrides) -> Config:
     return Config(**{**SMALL_RUN, "model_dir": str(model_dir), "export": False, **overrides})
 
 
+# A tiny mlp run on synthetic data as run.py flags (the CLI tests' base; each adds its own steps).
+TINY_FLAGS = (
+    "--dataset=synthetic",
+    "--synthetic_train_examples=512",
+    "--synthetic_test_examples=100",
+    "--global_batch=64",
+    "--steps_per_loop=2",
+    "--seed=1",
+    "--model=mlp",
+)
+
+
 def small_flags(**changes) -> list:
     """SMALL_RUN with `changes` (a value None drops that flag) as run.py flags, e.g.
     small_flags(model="mlp") is small_config(..., model="mlp")'s run; --model_dir and --[no]export

@@ -17,17 +17,9 @@ import struct
 import numpy as np
 import pytest
 
-from helpers import TASKS_REFUSED, explain, run_cli
+from helpers import TASKS_REFUSED, TINY_FLAGS, explain, run_cli
 
-TINY = (
-    "--dataset=synthetic",
-    "--synthetic_train_examples=512",
-    "--synthetic_test_examples=100",
-    "--global_batch=64",
-    "--steps_per_loop=2",
-    "--seed=1",
-    "--model=mlp",
-)
+TINY = TINY_FLAGS
 MIRRORED_2 = ("--strategy=mirrored", "--cpu_replicas=2")
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import QUIET, TASKS_NONFINITE, checkpoint_state, run_cli, small_config
+from helpers import QUIET, TASKS_NONFINITE, TINY_FLAGS, checkpoint_state, run_cli, small_config
 from tasks_nonfinite import NanLossTask
 from engine.controller.state import create_state
 from engine.controller.trainer import train
@@ -107,13 +107,7 @@ def test_skip_leaves_weights_and_optimizer_untouched(tmp_path, task, strategy):
 
 def test_cli_stop_exits_4_with_the_step(tmp_path):
     proc = run_cli(
-        "--dataset=synthetic",
-        "--synthetic_train_examples=512",
-        "--synthetic_test_examples=100",
-        "--global_batch=64",
-        "--steps_per_loop=2",
-        "--seed=1",
-        "--model=mlp",
+        *TINY_FLAGS,
         "--train_steps=8",
         "--checkpoint_every=2",
         f"--task={TASKS_NONFINITE}:NanLossTask",

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import REPO, checkpoint_state, explain, run_cli
+from helpers import REPO, TINY_FLAGS, checkpoint_state, explain, run_cli
 
 from engine.controller import checkpoints, run_lock
 from engine.errors import UserError
@@ -28,13 +28,7 @@ from engine.errors import UserError
 # One replica, deterministic: a resume is bitwise equal to an undisturbed run. 512 / 64 = 8 steps
 # per epoch, so the resumed steps 7..10 cross into a reshuffled second epoch.
 BASE = (
-    "--dataset=synthetic",
-    "--synthetic_train_examples=512",
-    "--synthetic_test_examples=100",
-    "--global_batch=64",
-    "--steps_per_loop=2",
-    "--seed=1",
-    "--model=mlp",
+    *TINY_FLAGS,
     "--strategy=default",
     "--deterministic",
     "--checkpoint_every=2",
