@@ -92,9 +92,11 @@ def exported_by_name(model_dir) -> dict:
 
 def trained_by_name(model_dir, **overrides) -> dict:
     """Trains small_config(model_dir, export=True, **overrides) in this process; its exported weights
-    by path (for comparing runs, e.g. 2 replicas against 1)."""
+    by path (for comparing runs, e.g. 2 replicas against 1). Keras' layer-name counters are reset
+    first, so the names match a run in a fresh process (run.py, srun) whatever this process built."""
     from engine.controller.trainer import train
 
+    keras.utils.clear_session()
     train(small_config(model_dir, **{**overrides, "export": True}), out=open(os.devnull, "w"))
     return exported_by_name(model_dir)
 
