@@ -230,3 +230,15 @@ def test_readme_step_example_trains(tmp_path):
         small_config(tmp_path / "run", task=f"{path}:{name}", model="mlp", strategy="mirrored", cpu_replicas=2), **QUIET
     )
     assert result.final_step == 6 and 0 < result.train_metrics["loss"] < 10
+
+
+def test_the_task_reference_names_every_public_name_of_task_and_no_other():
+    from engine.task import Task
+
+    section = _read("docs/researcher-guide.md").split("### The Task, name by name", 1)[1].split("\n### ", 1)[0]
+    documented = set()
+    for row in re.findall(r"^\| (`[^|]+`) \|", section, re.MULTILINE):
+        documented.update(re.match(r"(\w+)", name).group(1) for name in re.findall(r"`([^`]+)`", row))
+    instance = vars(Task(Config(), input_shape=(4,), num_classes=2))
+    public = {n for n in set(dir(Task)) | set(instance) if not n.startswith("_")}
+    assert documented == public, (sorted(public - documented), sorted(documented - public))
