@@ -8,6 +8,7 @@ import io
 import os
 
 import pytest
+import tensorflow as tf
 from helpers import REPO, small_config, tensorboard_run
 
 from engine.controller.trainer import train
@@ -36,8 +37,17 @@ def test_a_two_headed_classifier_draws_the_pictures_of_its_classifier_output(tmp
 
 
 def test_a_multi_output_model_without_classifier_output_finishes_with_the_pictures_off(tmp_path):
-    result, printed = _train(tmp_path, "TwoHeadedUnnamedTask", strategy="mirrored", cpu_replicas=2)
+    result, printed = _train(
+        tmp_path,
+        "TwoHeadedUnnamedTask",
+        strategy="mirrored",
+        cpu_replicas=2,
+        export=True,
+        export_formats="saved_model",
+    )
     assert result.final_step == 6
+    served = tf.saved_model.load(str(tmp_path / "export" / "saved_model" / "6")).signatures["serving_default"]
+    assert set(served.structured_outputs) == {"outputs_0", "outputs_1"}  # docs/serving.md names them
     notes = [line for line in printed.splitlines() if "classification pictures off" in line]
     assert len(notes) == 1 and "classifier_output" in notes[0], printed
     assert "confusion_matrix" not in _eval_tags(tmp_path)
