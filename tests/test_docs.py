@@ -25,7 +25,7 @@ pytestmark = pytest.mark.fast
 PAGES = ["README.md", "BUILD.md"] + sorted(
     os.path.join("docs", name) for name in os.listdir(os.path.join(REPO, "docs")) if name.endswith(".md")
 )
-README_TEST_COMMAND = 'pip install -e ".[test]" && python -m pytest -q'
+README_TEST_COMMAND = 'pip install -e ".[test]" && python -m pytest -q && python -m pytest -q -m cluster -n 0'
 
 
 def _read(path) -> str:

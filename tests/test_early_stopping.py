@@ -68,6 +68,7 @@ def test_early_stopping_without_a_metric_is_refused(tmp_path):
         train(small_config(tmp_path, **{**FROZEN, "best_metric": ""}), **QUIET)
 
 
+@pytest.mark.cluster
 def test_every_worker_stops_at_the_same_step(tmp_path):
     proc = run_cli(
         "--strategy=multi_worker_mirrored",

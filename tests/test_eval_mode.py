@@ -80,6 +80,7 @@ def test_eval_mode_on_two_replicas_equals_the_training_runs_final_eval(tmp_path)
     assert _files(run / "checkpoints") == before, "the evaluator wrote into the run's checkpoints/"
 
 
+@pytest.mark.cluster
 def test_sidecar_evaluates_every_checkpoint_once_like_in_training_eval(tmp_path):
     """2 local workers + an evaluator (--evaluator): the workers do not evaluate; the sidecar
     evaluates every checkpoint step exactly once with the numbers a 1-replica run gets when it
@@ -121,6 +122,7 @@ def test_sidecar_evaluates_every_checkpoint_once_like_in_training_eval(tmp_path)
 UNBUFFERED = {"PYTHONUNBUFFERED": "1"}  # each line arrives as it is written
 
 
+@pytest.mark.cluster
 def test_killed_evaluator_does_not_disturb_training_and_a_restarted_one_continues(tmp_path):
     """The sidecar is killed (SIGKILL) after its first evaluation while the workers train: they
     finish with exit 0. A restarted evaluator skips the steps already evaluated and evaluates the
@@ -248,6 +250,7 @@ def test_continuous_eval_knows_an_epoch_runs_last_step(tmp_path):
     assert time.monotonic() - started < 30
 
 
+@pytest.mark.cluster
 def test_best_checkpoint_kept_by_the_chief_of_two_workers(tmp_path):
     """Evaluating in training on 2 workers, every worker takes part in the best-checkpoint save
     (none hangs) and the chief's model_dir/best follows --best_metric=-loss (the signed form)."""

@@ -54,7 +54,7 @@ def _steps_for(seconds: float, output: str, default: int) -> int:
     [
         (["--strategy=mirrored", "--cpu_replicas=1"], 1500),
         (["--strategy=mirrored", "--cpu_replicas=2"], 1500),
-        (["--strategy=multi_worker_mirrored", "--num_workers=2"], 60),
+        pytest.param(["--strategy=multi_worker_mirrored", "--num_workers=2"], 60, marks=pytest.mark.cluster),
     ],
     ids=["mirrored_1_replica", "mirrored_2_replicas", "two_workers"],
 )

@@ -226,6 +226,7 @@ def test_self_all_gather_under_xla_on_a_mirrored_strategy_is_one_line(tmp_path):
     assert "error: train_step calls self.all_gather (a collective)" in result.stdout + result.stderr
 
 
+@pytest.mark.cluster
 def test_two_workers_gather_like_one_replica(tmp_path):
     """Two multi_worker_mirrored workers (one replica each) train SimCLR like one replica, and the
     forward pass of their step holds collective gathers and no collective all-reduce."""

@@ -130,6 +130,7 @@ def test_unsynchronized_bn_two_replicas_drift(tmp_path, one_replica):
     assert max_difference(unsynced_one, unsynced_two, moving_only=True) > 3e-4
 
 
+@pytest.mark.cluster
 def test_synchronized_bn_two_workers_train_like_one(tmp_path, one_replica):
     """MultiWorkerMirroredStrategy: 2 worker processes x 1 replica match the one-replica run."""
     launched = run_cli(

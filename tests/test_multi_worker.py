@@ -29,6 +29,8 @@ from engine.controller.trainer import train
 from engine import exit_codes
 from engine.update import INITIAL_LOSS_SCALE
 
+pytestmark = pytest.mark.cluster  # several real processes: CI's cluster step
+
 # The run of _single_process_weights (small_config(model="mlp", optimizer="adam")), as flags.
 ARGS = small_flags(model="mlp", optimizer="adam", collective_timeout=30)
 

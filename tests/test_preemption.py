@@ -87,6 +87,7 @@ def test_sigterm_on_run_py_exits_3_and_the_rerun_ends_like_an_uninterrupted_run(
     assert all(np.array_equal(a, b) for a, b in zip(resumed, straight))  # bitwise: one replica, deterministic
 
 
+@pytest.mark.cluster
 def test_sigterm_to_the_launcher_stops_every_worker_at_one_step_and_resumes(tmp_path):
     """The launcher forwards SIGTERM; both workers agree (all-reduced flag) on the step to stop at."""
     args = [
@@ -111,6 +112,7 @@ def test_sigterm_to_the_launcher_stops_every_worker_at_one_step_and_resumes(tmp_
     assert f"(resuming at step {stops[0]})" in rerun.stdout
 
 
+@pytest.mark.cluster
 def test_sigterm_to_one_worker_of_a_cluster_stops_every_worker_at_one_step(tmp_path):
     """A cluster manager preempts ONE pod: every worker checkpoints the same step and exits 138."""
     with start_workers(["--collective_timeout=30", *CLI, "--train_steps=300", f"--model_dir={tmp_path}"]) as cluster:

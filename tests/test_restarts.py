@@ -28,6 +28,7 @@ ARGS = [
 ]
 
 
+@pytest.mark.cluster
 def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_undisturbed(tmp_path):
     proc = run_cli(
         *ARGS,

@@ -473,6 +473,7 @@ def undisturbed(slurm_cluster, tmp_path_factory):
     return output, exported_by_name(model_dir)
 
 
+@pytest.mark.cluster
 def test_srun_with_two_tasks_trains_two_workers_like_one_replica(undisturbed, tmp_path):
     output, weights = undisturbed
     assert "0: cluster      task worker:0 (chief) of 2 workers [worker:0=localhost:" in output, output[-4000:]
@@ -531,6 +532,7 @@ def _preempted_steps(output: str) -> set:
     return {int(s) for s in re.findall(r"^[01]: preempted: SIGTERM at step (\d+):", output, re.M)}
 
 
+@pytest.mark.cluster
 def test_scancel_stops_both_tasks_with_138_and_the_requeued_job_resumes_exactly(slurm_cluster, undisturbed, tmp_path):
     model_dir = tmp_path / "run"
     # 1. scancel: both tasks finish their loop, the chief saves, both exit 138; nothing requeues it.

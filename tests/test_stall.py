@@ -8,6 +8,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from helpers import TASKS_FAULTS, explain, run_cli, small_flags, start_workers
 
 from engine import exit_codes
@@ -51,6 +53,7 @@ def _workers(tmp_path, task, extra=()):
     )
 
 
+@pytest.mark.cluster
 def test_a_worker_whose_input_blocks_is_named_and_every_worker_exits(tmp_path):
     started = time.monotonic()
     with _workers(tmp_path, "BlockingInputOnWorkerOneTask", ["--stall_timeout=10"]) as cluster:
@@ -65,6 +68,7 @@ def test_a_worker_whose_input_blocks_is_named_and_every_worker_exits(tmp_path):
     assert dumps and "wait_for_the_filesystem" in open(dumps[0]).read()
 
 
+@pytest.mark.cluster
 def test_a_frozen_worker_is_named(tmp_path):
     with _workers(tmp_path, "SlowTrainingTask", ["--stall_timeout=15", "--train_steps=400"]) as cluster:
         cluster.wait_until(lambda: os.path.exists(os.path.join(tmp_path, "checkpoints")), timeout=120)
