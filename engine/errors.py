@@ -39,6 +39,14 @@ class UserError(StopRun):
     exit_code = exit_codes.BAD_INPUT.code
 
 
+class StepFailed(UserError):
+    """A Task method (train_step, eval_step, ...) raised while TensorFlow traced it: a mistake in
+    the step, the same on every rerun. run.py prints one line naming the method and the user's
+    file:line and exits as BAD_INPUT; `traceback_text` holds the whole traceback (for errors/)."""
+
+    traceback_text = ""
+
+
 class Preempted(StopRun):
     """SIGTERM/SIGINT: the run saved a checkpoint at a loop boundary; rerun the command to resume."""
 

@@ -35,7 +35,8 @@ BUG = ExitCode(
 BAD_INPUT = ExitCode(
     2,
     "bad_input",
-    "bad flag, config, data, Task or checkpoint; a refused flag combination; one line `error: ...`",
+    "bad flag, config, data, Task or checkpoint; a refused flag combination; a Task method that "
+    "fails while traced (its whole traceback in <model_dir>/errors/); one line `error: ...`",
     False,
 )
 NON_FINITE = ExitCode(

@@ -32,7 +32,7 @@ import warnings
 
 import tensorflow as tf
 
-from engine import compat, refused_combinations, step_context, update
+from engine import compat, refused_combinations, step_context, update, user_code
 from engine.errors import UserError
 
 # Iterating a distributed dataset inside tf.function makes tf.data warn about options it cannot
@@ -391,8 +391,12 @@ def make_train_loop(strategy, task, global_step: tf.Variable, options: LoopOptio
     compiled = [compiled_for_one_run(train_loop)]
 
     def run(iterator, num_steps):
-        # A raw merge_call where TensorFlow cannot run one is refused in one line, not a traceback.
-        with step_context.raw_collectives_refused(options.accum_steps, options.jit_compile):
+        # A raw merge_call where TensorFlow cannot run one is refused in one line, not a traceback;
+        # so is any other mistake of the Task's code found while tracing (user_code.step_errors_named).
+        with (
+            user_code.step_errors_named("the training loop"),
+            step_context.raw_collectives_refused(options.accum_steps, options.jit_compile),
+        ):
             try:
                 return compiled[0](iterator, num_steps)
             except step_context.CollectiveInLoop:
@@ -426,7 +430,14 @@ def make_eval_loop(strategy, task, progress=None):
                 progress.assign_add(1)
         return {"totals": _unstacked(totals[:-1], names), "examples": totals[-1]}
 
-    return compiled_for_one_run(eval_loop)
+    compiled = compiled_for_one_run(eval_loop)
+
+    def run(distributed_dataset):
+        with user_code.step_errors_named("the evaluation loop"):
+            return compiled(distributed_dataset)
+
+    run.experimental_get_tracing_count = compiled.experimental_get_tracing_count
+    return run
 
 
 def ratios(totals) -> dict:

@@ -6,6 +6,7 @@ are UserErrors that name the flag and its value, e.g. `--model='x.py:build': no 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -14,7 +15,7 @@ import sys
 import sysconfig
 import traceback
 
-from engine.errors import UserError
+from engine.errors import StepFailed, StopRun, UserError
 
 
 def load_object(target: str, flag: str, value: str):
@@ -90,13 +91,47 @@ def _is_ours(filename: str) -> bool:
 def user_frame(err: BaseException) -> str:
     """file:line of the deepest frame of user code in `err`'s traceback, or in the "File ..., line N"
     lines TensorFlow puts in the message of an error raised while tracing; "" if none."""
-    frames = [(f.filename, f.lineno) for f in traceback.extract_tb(err.__traceback__)]
-    frames += [(name, int(line)) for name, line in re.findall(r'File "([^"]+)", line (\d+)', str(err))]
-    found = [(name, line) for name, line in frames if not _is_ours(name)]
-    return f"{_shown(found[-1][0])}:{found[-1][1]}" if found else ""
+    return user_site(err)[0]
+
+
+def user_site(err: BaseException) -> tuple[str, str]:
+    """(file:line, function) of the deepest frame of user code, as user_frame finds it; ("", "") if none."""
+    frames = [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(err.__traceback__)]
+    frames += [
+        (name, int(line), function)
+        for name, line, function in re.findall(r'File "([^"]+)", line (\d+), in (\w+)', str(err))
+    ]
+    found = [frame for frame in frames if not _is_ours(frame[0])]
+    return (f"{_shown(found[-1][0])}:{found[-1][1]}", found[-1][2]) if found else ("", "")
 
 
 def _shown(filename: str) -> str:
     """A path relative to the working directory when it is below it (as the user wrote it)."""
     relative = os.path.relpath(filename)
     return filename if relative.startswith("..") else relative
+
+
+@contextlib.contextmanager
+def step_errors_named(loop: str):
+    """Around a call of a compiled loop (`loop` names it, e.g. "the training loop"): an exception
+    raised in user code while TensorFlow traced a Task method becomes StepFailed, one line naming
+    the method and the user's file:line. Errors the step raised at run time (tf.errors.OpError),
+    the engine's own refusals (StopRun) and errors with no user frame (the engine's) pass as they are."""
+    try:
+        yield
+    except StopRun:
+        raise
+    except Exception as err:  # noqa: BLE001 - only those with a user frame are converted
+        import tensorflow as tf
+
+        where, function = user_site(err)
+        if isinstance(err, tf.errors.OpError) or not where:
+            raise
+        metadata = getattr(err, "ag_error_metadata", None)
+        cause = getattr(metadata, "cause_message", None) or str(err)
+        first_line = (cause.strip().splitlines() or [""])[0].removeprefix(f"{type(err).__name__}: ")[:300]
+        failed = StepFailed(
+            f"{function} failed while TensorFlow traced {loop}, at {where}: {type(err).__name__}: {first_line}"
+        )
+        failed.traceback_text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+        raise failed from None

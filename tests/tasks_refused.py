@@ -1,6 +1,6 @@
 """Mistakes in user code that the engine must refuse up front, or end in one line without losing
 the checkpoint: tests/test_cli.py, tests/test_eval.py, tests/test_update.py, tests/test_task_state.py
-and tests/test_examples.py load them with --task=tests/tasks_refused.py:Name."""
+tests/test_examples.py and tests/test_user_code.py load them with --task=tests/tasks_refused.py:Name."""
 
 from __future__ import annotations
 
@@ -66,3 +66,20 @@ class GanWithoutDiscriminatorTask(GanTask):
 
     def build_extras(self):
         pass
+
+
+class ShapeMistakeInTrainStepTask(Task):
+    """A shape mistake TensorFlow finds while tracing train_step: one line naming this file's line."""
+
+    def train_step(self, batch):
+        images, _ = batch
+        tf.matmul(tf.reshape(images, [-1, 7]), tf.ones([8, 3]))  # TRAIN_STEP MISTAKE: 7 against 8
+        return super().train_step(batch)
+
+
+class KeyMistakeInEvalStepTask(Task):
+    """eval_step returns a metric from a dict key that does not exist: found while tracing it."""
+
+    def eval_step(self, batch):
+        metrics = super().eval_step(batch)
+        return {"loss": metrics["loss"], "accuracy": metrics["acuracy"]}  # EVAL_STEP MISTAKE: a typo

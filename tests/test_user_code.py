@@ -1,14 +1,17 @@
 """A --task or --model file that fails to import is one line naming the user's file:line and why
-(exit 2), whatever the failure: a syntax error, a missing dependency, an exception at import."""
+(exit 2), whatever the failure: a syntax error, a missing dependency, an exception at import. A
+Task method that fails while TensorFlow traces it is one line too, naming the method and the
+user's file:line, with the whole traceback in <model_dir>/errors/."""
 
 from __future__ import annotations
 
 import sys
 
 import pytest
-from helpers import explain, run_cli
+from helpers import TASKS_REFUSED, TINY_FLAGS, explain, run_cli, small_config
 
-from engine.errors import UserError
+from engine.controller.trainer import train
+from engine.errors import StepFailed, UserError
 from engine.user_code import load_object
 
 FILES = {
@@ -59,3 +62,43 @@ def test_run_py_exits_2_with_one_line_for_a_task_with_a_syntax_error(tmp_path):
     assert "Traceback" not in proc.stderr, explain(proc)
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and f"{path}:{line}" in last, explain(proc)
+
+
+def _line_of(marker: str) -> int:
+    return next(n for n, text in enumerate(open(TASKS_REFUSED), 1) if marker in text)
+
+
+@pytest.mark.parametrize(
+    "task, method, marker, strategy",
+    [
+        ("ShapeMistakeInTrainStepTask", "train_step", "TRAIN_STEP MISTAKE", {}),
+        ("KeyMistakeInEvalStepTask", "eval_step", "EVAL_STEP MISTAKE", {"strategy": "mirrored", "cpu_replicas": 2}),
+    ],
+)
+def test_a_task_method_failing_while_traced_is_one_line_with_the_traceback_in_errors(
+    tmp_path, task, method, marker, strategy
+):
+    with pytest.raises(StepFailed) as raised:
+        train(small_config(tmp_path, model="mlp", task=f"{TASKS_REFUSED}:{task}", **strategy))
+    message = str(raised.value)
+    assert message.startswith(f"{method} failed while TensorFlow traced"), message
+    assert f"tasks_refused.py:{_line_of(marker)}" in message and "\n" not in message, message
+    assert raised.value.exit_code == 2
+    (written,) = (tmp_path / "errors").iterdir()
+    assert str(written) in message
+    text = written.read_text()
+    assert "Traceback" in text and marker in text  # the whole traceback, the user's line in it
+
+
+def test_run_py_exits_2_with_one_line_for_a_step_that_fails_while_traced(tmp_path):
+    proc = run_cli(
+        *TINY_FLAGS,
+        f"--task={TASKS_REFUSED}:ShapeMistakeInTrainStepTask",
+        f"--model_dir={tmp_path}",
+        timeout=120,
+    )
+    assert proc.returncode == 2, explain(proc)
+    assert "Traceback" not in proc.stderr, explain(proc)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: train_step failed while TensorFlow traced the training loop, at ")
+    assert f"tasks_refused.py:{_line_of('TRAIN_STEP MISTAKE')}" in last and "errors/traced-" in last, explain(proc)

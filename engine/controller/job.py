@@ -1,17 +1,20 @@
 """What every job (training: engine/controller/trainer.py; evaluation: engine/controller/evaluator.py)
 does before its Task exists: the job's context (the --precision dtype policy, bad input records
-turned into one line), seeding, and loading the Task class with its data."""
+and a Task method failing while traced turned into one line), seeding, and loading the Task class with its data."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import keras
 import tensorflow as tf
 
 from engine import compat
+from engine.controller import error_files
 from engine.data import pipelines, sources
-from engine.errors import UserError
+from engine.distribute.cluster import parse_tf_config
+from engine.errors import StepFailed, UserError
 from engine.tasks.registry import load_task_class
 
 
@@ -33,6 +36,16 @@ def context(config):
             else ""
         )
         raise UserError(f"--dataset={config.dataset}: the input pipeline failed: {_first_cause(err)}{hint}") from None
+    except StepFailed as err:  # one line on the console, the whole traceback in errors/
+        tf_config = os.environ.get("TF_CONFIG")
+        written = error_files.write(
+            config.model_dir,
+            "traced",
+            err.message,
+            err.traceback_text,
+            is_chief=not tf_config or parse_tf_config(tf_config).is_chief,
+        )
+        raise StepFailed(f"{err.message}; the full traceback is in {written}; fix it, then rerun") from None
     finally:
         keras.mixed_precision.set_dtype_policy(previous_policy)
 

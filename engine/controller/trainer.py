@@ -16,7 +16,7 @@ import traceback
 import tensorflow as tf
 
 from engine import user_code
-from engine.controller import job, run_lock
+from engine.controller import error_files, job, run_lock
 from engine.controller.actions.base import ActionContext
 from engine.controller.actions.export import Export
 from engine.controller.build import BuiltRun, build_run
@@ -337,18 +337,13 @@ class Trainer:
 
     def _write_traceback(self, err: BaseException, what: str) -> str:
         """<model_dir>/errors/step-N-<time>.txt with the failure's whole traceback (chief only); its path."""
-        if not self.built.placement.is_chief:
-            return "the chief's <model_dir>/errors/"
-        directory = os.path.join(self.built.config.model_dir, "errors")
-        path = os.path.join(directory, f"step-{self.step}-{time.strftime('%Y%m%d-%H%M%S')}.txt")
-        try:
-            os.makedirs(directory, exist_ok=True)
-            with open(path, "w") as f:
-                f.write(f"{what} failed at step {self.step}\n\n")
-                f.write("".join(traceback.format_exception(type(err), err, err.__traceback__)))
-        except OSError as write_error:
-            return f"(not written: {write_error})"
-        return path
+        return error_files.write(
+            self.built.config.model_dir,
+            f"step-{self.step}",
+            f"{what} failed at step {self.step}",
+            "".join(traceback.format_exception(type(err), err, err.__traceback__)),
+            self.built.placement.is_chief,
+        )
 
     def _result(self) -> RunResult:
         built = self.built
