@@ -174,6 +174,7 @@ def test_launcher_stops_the_rest_at_the_first_failure_and_never_retries_a_perman
     # --max_restarts restarts only what a restart may cure (tests/test_restarts.py): a bad Task is not.
     assert result.stdout.count("launching 2 local workers") == 1
     assert "launcher: exit 2 (bad_input, a restart will not help): not restarted" in result.stdout
+    assert result.stdout.strip().splitlines()[-1].startswith("launcher: exit 2 (bad_input, a restart will not help); ")
     assert time.monotonic() - started < 30  # well under --collective_timeout=30 plus start-up
 
 

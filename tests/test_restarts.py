@@ -1,6 +1,7 @@
 """The local launcher heals the cluster (--max_restarts): a worker killed mid-run makes it stop the
 others and start the cluster again, which resumes from the last checkpoint and ends like a run that
-was never disturbed. (A permanent failure is never retried: tests/test_multi_worker.py.)"""
+was never disturbed; its last line after a failure names the newest checkpoint and how to go on.
+(A permanent failure is never retried: tests/test_multi_worker.py.)"""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from helpers import (
 )
 
 from engine.controller.trainer import train
+from engine.distribute.launch import resume_line
 
 ARGS = [
     "--strategy=multi_worker_mirrored",
@@ -59,3 +61,19 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_undisturbed(tmp_pat
 def test_max_restarts_without_the_launcher_is_refused():
     proc = run_cli("--max_restarts=1", "--dataset=synthetic", timeout=60)
     assert proc.returncode == 2 and "needs --num_workers=N" in proc.stderr.strip().splitlines()[-1], explain(proc)
+
+
+@pytest.mark.fast
+def test_the_launchers_last_line_names_the_newest_checkpoint_and_what_to_do(tmp_path):
+    args = ["--train_steps=8", f"--model_dir={tmp_path}"]
+    assert resume_line(150, args) == (
+        "launcher: exit 150 (peer_lost, a restart may help); no checkpoint was written yet: "
+        "rerun the same command to start again"
+    )
+    (tmp_path / "checkpoints").mkdir()
+    for name in ("ckpt-4.index", "ckpt-12.index", "ckpt-12.data-00000-of-00001", "ckpt-20_temp", "checkpoint"):
+        (tmp_path / "checkpoints" / name).write_text("")
+    line = resume_line(2, args)
+    assert f"the newest checkpoint is {tmp_path / 'checkpoints' / 'ckpt-12'} " in line, line
+    assert "fix the cause, then rerun the same command to resume" in line and f"--model_dir={tmp_path}" in line
+    assert "rerun the same command to resume" in resume_line(152, args) and "fix" not in resume_line(152, args)

@@ -96,6 +96,8 @@ def launch(num_workers: int, args: list, script: str, out=None, evaluator: bool 
         if code == 0 or interrupted or restarts >= max_restarts or not exit_codes.retryable(code):
             if code and max_restarts and not exit_codes.retryable(code):
                 out.write(f"launcher: exit {code} ({exit_codes.describe(code)}): not restarted\n")
+            if code:
+                out.write(resume_line(code, args) + "\n")
             return code
         restarts += 1
         out.write(
@@ -103,6 +105,27 @@ def launch(num_workers: int, args: list, script: str, out=None, evaluator: bool 
             f"({exit_codes.describe(code)}); the workers resume from the last checkpoint\n"
         )
         out.flush()
+
+
+def resume_line(code: int, args: list) -> str:
+    """The launcher's last line after a failed run: the newest checkpoint on disk and how to go on."""
+    model_dir = next((a.split("=", 1)[1] for a in reversed(args) if a.startswith("--model_dir=")), "")
+    directory = os.path.join(model_dir, "checkpoints")
+    steps = [
+        int(name[len("ckpt-") : -len(".index")])
+        for name in (os.listdir(directory) if os.path.isdir(directory) else [])
+        if name.startswith("ckpt-") and name.endswith(".index") and name[len("ckpt-") : -len(".index")].isdigit()
+    ]
+    todo = "rerun the same command" if exit_codes.retryable(code) else "fix the cause, then rerun the same command"
+    if not steps:
+        return (
+            f"launcher: exit {code} ({exit_codes.describe(code)}); no checkpoint was written yet: {todo} to start again"
+        )
+    return (
+        f"launcher: exit {code} ({exit_codes.describe(code)}); the newest checkpoint is "
+        f"{os.path.join(directory, f'ckpt-{max(steps)}')} (checkpoints are written whole): {todo} to resume "
+        f"from the newest one that reads back (--model_dir={model_dir})"
+    )
 
 
 def _launch_once(num_workers: int, args: list, script: str, out, evaluator: bool, restarts: int):
