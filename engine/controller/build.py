@@ -9,9 +9,11 @@ import dataclasses
 import random
 import time
 
+import tensorflow as tf
+
 from engine import __version__
 from engine.config import resolved_input_mode
-from engine.controller import job, run_record
+from engine.controller import job, run_record, storage
 from engine.controller.actions import engine_actions
 from engine.controller.rollback import Rollback
 from engine.controller.schedule import Schedule
@@ -108,9 +110,19 @@ def build_run(config, out) -> BuiltRun:
     run_facts.update(data_facts)
     if placement.is_chief and (start_step == 0 or config_changes or data_changed):
         run_record.write(config, run_facts, config_changes if start_step else (), start_step)
-    writers = create_writers(
-        config.model_dir, placement.is_chief, ("train", "eval", "eval_ema") if config.ema_decay else ("train", "eval")
-    )
+    try:
+        writers = create_writers(
+            config.model_dir,
+            placement.is_chief,
+            ("train", "eval", "eval_ema") if config.ema_decay else ("train", "eval"),
+        )
+    except tf.errors.OpError as err:
+        if storage.cause(err) is None:
+            raise
+        raise storage.failed(
+            f"creating the TensorBoard event files in {config.model_dir}", storage.cause(err), config.model_dir
+        ) from None
+
     monitor = Monitor(config, writers, task, data, is_chief=placement.is_chief)
     pictures_off = monitor.check_pictures()  # before training: a model the pictures do not fit is named now
     if pictures_off:

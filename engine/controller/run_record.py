@@ -17,10 +17,12 @@ newer records still load.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 
+from engine.controller import storage
 from engine.controller.checkpoints import found_checkpoints
 from engine.errors import UserError
 
@@ -238,8 +240,15 @@ def write(config, extra: dict, changed=(), step: int = 0) -> str:
     history += [c.entry(step) for c in changed if c.name != FILE_NAME]
     record = {"flags": config.as_dict(), **extra, **({"changes": history} if history else {})}
     temporary = target + ".tmp"
-    with open(temporary, "w") as f:
-        json.dump(record, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(temporary, target)
+    try:
+        with open(temporary, "w") as f:
+            json.dump(record, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(temporary, target)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        if not storage.cause(err):
+            raise
+        raise storage.failed(f"writing the run record {target}", storage.cause(err), config.model_dir) from None
     return target
