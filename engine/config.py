@@ -412,7 +412,7 @@ class Config:
         False,
         "Resume a --model_dir even though --model, --dataset, --global_batch, --task, --optimizer, "
         "--lr_schedule, --precision, --image_size, --validation_split, --seq_len or the data's class names "
-        "differ from its config.json (the checkpoint must still match).",
+        "differ from its config.json, or its checkpoints have no config.json (the checkpoint must still match).",
     )
     # TensorBoard extras.
     summaries: str = _option(

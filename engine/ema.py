@@ -52,6 +52,13 @@ class WeightAverage:
     def checkpoint_items(self) -> dict:
         return {"ema": list(self.averages), "ema_updates": self.updates}
 
+    def start_from_weights(self) -> None:
+        """The averages restart from the model's current weights (a resume that adds --ema_decay to
+        a checkpoint without averages: from the restored weights, not the initial ones)."""
+        for average, weight in zip(self.averages, self.weights):
+            average.assign(getattr(weight, "value", weight))
+        self.updates.assign(0)
+
     def update(self, strategy) -> None:
         """Cross-replica context, after the optimizer stepped: every replica's averages move."""
         t = tf.cast(self.updates, tf.float32)

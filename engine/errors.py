@@ -47,6 +47,14 @@ class StepFailed(UserError):
     traceback_text = ""
 
 
+class StorageFailed(StopRun):
+    """A write into --model_dir failed (disk full, read-only, no permission): engine/controller/
+    storage.py names what failed where and the intact checkpoint; a rerun on the same full or
+    read-only directory fails again (permanent until the storage is fixed)."""
+
+    exit_code = exit_codes.STORAGE_FAILED.code
+
+
 class Preempted(StopRun):
     """SIGTERM/SIGINT: the run saved a checkpoint at a loop boundary; rerun the command to resume."""
 

@@ -39,6 +39,14 @@ BAD_INPUT = ExitCode(
     "fails while traced (its whole traceback in <model_dir>/errors/); one line `error: ...`",
     False,
 )
+STORAGE_FAILED = ExitCode(
+    3,
+    "storage_failed",
+    "a write into --model_dir failed (disk full, read-only, no permission): a checkpoint save, the event "
+    "files, the run record or the lock; the partial checkpoint is removed, the previous one is intact; "
+    "free space or make the directory writable, then rerun to resume",
+    False,
+)
 NON_FINITE = ExitCode(
     4,
     "non_finite",
@@ -67,7 +75,18 @@ CLUSTER_NOT_FORMED = ExitCode(
     153, "cluster_not_formed", "not every worker of TF_CONFIG answered within --collective_timeout at start-up", True
 )
 
-CODES = (DONE, BUG, BAD_INPUT, NON_FINITE, PREEMPTED, PEER_LOST, STALLED, COLLECTIVE_FAILED, CLUSTER_NOT_FORMED)
+CODES = (
+    DONE,
+    BUG,
+    BAD_INPUT,
+    STORAGE_FAILED,
+    NON_FINITE,
+    PREEMPTED,
+    PEER_LOST,
+    STALLED,
+    COLLECTIVE_FAILED,
+    CLUSTER_NOT_FORMED,
+)
 RETRYABLE = tuple(c.code for c in CODES if c.retryable)
 PERMANENT = tuple(c.code for c in CODES if not c.retryable and c.code)
 SIGNAL_CODES = (128, 130, 137, 139, 143)  # never one of ours

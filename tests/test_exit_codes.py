@@ -29,6 +29,7 @@ def test_retryable_codes_are_at_least_128_and_no_signal_code():
 def test_the_errors_exit_with_the_tables_codes():
     assert errors.UserError.exit_code == exit_codes.BAD_INPUT.code
     assert errors.NonFiniteLoss.exit_code == exit_codes.NON_FINITE.code
+    assert errors.StorageFailed.exit_code == exit_codes.STORAGE_FAILED.code
     assert errors.Preempted.exit_code == exit_codes.PREEMPTED.code
     assert errors.ExtraFailed.exit_code == exit_codes.BUG.code
     assert errors.Stalled.exit_code == exit_codes.STALLED.code

@@ -11,7 +11,9 @@ state.py        the Task and what is built in strategy.scope() and checkpointed,
 checkpoints.py  tf.train.Checkpoint + CheckpointManager (non-chief workers in a temp dir); a resume
                 from the newest checkpoint that reads back whole, damaged ones set aside
 run_lock.py     model_dir/.lock: one training run per directory (the chief's flock)
-run_record.py   model_dir/config.json: written on a fresh run, compared on resume
+run_record.py   model_dir/config.json: written on a fresh run, compared on resume, every change named
+storage.py      a write into model_dir that fails (disk full, read-only): one line, the partial
+                checkpoint removed, the intact one named (StorageFailed, exit 3)
 best.py         --best_metric: the best checkpoint and model in model_dir/best/
 rollback.py     --on_nonfinite=rollback: back to the last checkpoint, the data past the bad batch
 export.py       the exporters: model.keras and the SavedModel with a raw-input serving signature

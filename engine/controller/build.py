@@ -9,9 +9,11 @@ import dataclasses
 import random
 import time
 
+import tensorflow as tf
+
 from engine import __version__
 from engine.config import resolved_input_mode
-from engine.controller import job, run_record
+from engine.controller import job, run_record, storage
 from engine.controller.actions import engine_actions
 from engine.controller.rollback import Rollback
 from engine.controller.schedule import Schedule
@@ -95,6 +97,9 @@ def build_run(config, out) -> BuiltRun:
     augmented = pipelines.training_example(data, augment)  # a structure the engine cannot batch: refused now
     input_mode = resolved_input_mode(config, data, augmented=augment is not None)
     report.banner(config, placement, data, per_replica, schedule, task.seed, task.model, start_step, out, input_mode)
+    if start_step:  # every allowed change of a flag, and the state a flag added, named (invariant 14)
+        out.write("".join(change.line(start_step) + "\n" for change in config_changes))
+        out.write("".join(line + "\n" for line in state.initialised_lines))
     if augmented is not None and augmented != (data.spec.features, data.spec.labels):
         where = getattr(augment, "where", "Task.augment_example")
         out.write(
@@ -104,10 +109,20 @@ def build_run(config, out) -> BuiltRun:
     run_facts = {"engine_version": __version__, "replicas": placement.num_replicas, "effective_seed": task.seed}
     run_facts.update(data_facts)
     if placement.is_chief and (start_step == 0 or config_changes or data_changed):
-        run_record.write(config, run_facts)
-    writers = create_writers(
-        config.model_dir, placement.is_chief, ("train", "eval", "eval_ema") if config.ema_decay else ("train", "eval")
-    )
+        run_record.write(config, run_facts, config_changes if start_step else (), start_step)
+    try:
+        writers = create_writers(
+            config.model_dir,
+            placement.is_chief,
+            ("train", "eval", "eval_ema") if config.ema_decay else ("train", "eval"),
+        )
+    except tf.errors.OpError as err:
+        if storage.cause(err) is None:
+            raise
+        raise storage.failed(
+            f"creating the TensorBoard event files in {config.model_dir}", storage.cause(err), config.model_dir
+        ) from None
+
     monitor = Monitor(config, writers, task, data, is_chief=placement.is_chief)
     pictures_off = monitor.check_pictures()  # before training: a model the pictures do not fit is named now
     if pictures_off:

@@ -26,6 +26,7 @@ import time
 
 import tensorflow as tf
 
+from engine import compat
 from engine.errors import UserError
 
 PREFIX = "ckpt"  # CheckpointManager's file names: ckpt-<step>.index, ckpt-<step>.data-<i>-of-<n>
@@ -136,13 +137,31 @@ class Resumed:
         )
 
 
+def held_names(prefix: str) -> set:
+    """The names of the objects at the root of the checkpoint at `prefix` (model, optimizer, ema, ...)."""
+    return {child.local_name for child in compat.checkpoint_object_graph(prefix).nodes[0].children}
+
+
 class Checkpointer:
     def __init__(
-        self, model_dir: str, is_chief: bool, max_to_keep: int, writable: bool = True, verify=None, **trackables
+        self,
+        model_dir: str,
+        is_chief: bool,
+        max_to_keep: int,
+        writable: bool = True,
+        verify=None,
+        optional=None,
+        **trackables,
     ):
         """verify(path): raises UserError when the checkpoint at `path` must not be restored (it is
-        called before anything is restored)."""
+        called before anything is restored). optional: {name: initialise} for the trackables a
+        checkpoint may lack (state a flag added on resume: --ema_decay's averages, rollback's
+        counters); a restore leaves those out and calls initialise() after restoring the rest, once
+        per distinct function, and `initialised` names them."""
         self.checkpoint = tf.train.Checkpoint(**trackables)
+        self.trackables = trackables
+        self.optional = optional or {}
+        self.initialised: list = []  # the optional trackables the last restore initialised
         self.verify = verify
         self.is_chief = is_chief
         self.max_to_keep = max_to_keep
@@ -199,8 +218,18 @@ class Checkpointer:
         try:
             if self.verify is not None:
                 self.verify(path)
-            status = self.checkpoint.restore(path)
+            held = held_names(path)
+            missing = [name for name in self.optional if name not in held]
+            checkpoint = self.checkpoint
+            if missing:  # restored without them, then initialised
+                checkpoint = tf.train.Checkpoint(**{k: v for k, v in self.trackables.items() if k not in missing})
+            status = checkpoint.restore(path)
             status.assert_existing_objects_matched()
+            if held - set(self.trackables):  # state a flag dropped on resume (the EMA): left unread, no warning
+                status.expect_partial()
+            for initialise in {id(self.optional[name]): self.optional[name] for name in missing}.values():
+                initialise()
+            self.initialised = missing
         except (tf.errors.NotFoundError, tf.errors.DataLossError) as err:
             if status is not None:
                 status.expect_partial()

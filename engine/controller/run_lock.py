@@ -21,7 +21,7 @@ import os
 import socket
 import time
 
-from engine.controller import run_record
+from engine.controller import run_record, storage
 from engine.errors import UserError
 
 FILE_NAME = ".lock"
@@ -107,6 +107,10 @@ class RunLock:
             try:
                 fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as err:
+                if storage.cause(err):
+                    raise storage.failed(
+                        f"creating the run's lock {target}", storage.cause(err), self.model_dir
+                    ) from None
                 raise UserError(
                     f"cannot create {target} ({err.strerror}): a training run needs a writable --model_dir"
                 ) from None
@@ -129,9 +133,15 @@ class RunLock:
         if holder and _alive_here(holder):
             os.close(fd)
             raise _refusal(self.model_dir, holder)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(_identity()) + "\n").encode(), 0)
-        os.fsync(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(_identity()) + "\n").encode(), 0)
+            os.fsync(fd)
+        except OSError as err:
+            os.close(fd)
+            if not storage.cause(err):
+                raise
+            raise storage.failed(f"writing the run's lock {target}", storage.cause(err), self.model_dir) from None
         self.fd = fd
         if holder:
             return (

@@ -5,16 +5,24 @@ flags that decide what the checkpoint and the data mean (RECORDED_IDENTITY) and 
 (DATA_FACTS: its class names when the source has them, e.g. the folders of --dataset=images:DIR;
 whether its order is a stream's or in-memory arrays', which --input_mode=resident changes for a
 streamed source) with the record, and stops with a UserError naming each difference, unless
---allow_config_change. Other flags
-(train_steps, steps_per_loop, ...) may change between a run and its resumption. Keys the record
-has and this engine does not know are ignored, so older or newer records still load.
+--allow_config_change. Every other flag (learning rate, weight decay, clipping, accumulation, EMA,
+rollback, train_steps, ...) may change between a run and its resumption, and each change is named
+(invariant 14): one banner line per flag (`changed      --learning_rate 0.001 -> 0.5 at step 4`),
+and the record, rewritten with the new flags, keeps a history of every change and its step
+(`changes`). Only the flags in NOT_COMPARED, which say nothing about the training, are not
+compared. Checkpoints without a record are refused (their flags cannot be compared) unless
+--allow_config_change. Keys the record has and this engine does not know are ignored, so older or
+newer records still load.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 
+from engine.controller import storage
 from engine.controller.checkpoints import found_checkpoints
 from engine.errors import UserError
 
@@ -35,6 +43,49 @@ RECORDED_IDENTITY = (
     "num_classes",
     "seq_len",
 )
+
+
+# Never compared: the directory itself, the override, and what only an evaluation reads.
+NOT_COMPARED = ("model_dir", "allow_config_change", "mode", "checkpoint", "eval_timeout", "evaluator")
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One flag whose value differs from the run's record on resume (allowed)."""
+
+    name: str
+    old: object
+    new: object
+
+    def line(self, step: int) -> str:
+        """The banner's line for it."""
+        if self.name == FILE_NAME:
+            return f"changed      no {FILE_NAME}: this run's flags are recorded as the run's at step {step}"
+        note = _note(self)
+        return f"changed      --{self.name} {_value(self.old)} -> {_value(self.new)} at step {step}" + (
+            f" ({note})" if note else ""
+        )
+
+    def entry(self, step: int) -> dict:
+        """The record's history entry for it."""
+        return {"step": step, "flag": self.name, "from": self.old, "to": self.new}
+
+
+def _value(value) -> str:
+    return "unset" if value is None else "''" if value == "" else str(value)
+
+
+def _note(change: Change) -> str:
+    """What a change means beyond its new value, where that is not obvious."""
+    if change.name == "seed":
+        return "the resumed run keeps the seed its checkpoint holds"
+    if change.name == "ema_decay" and not change.new:
+        return "the checkpoint's weight averages are dropped"
+    if change.name == "on_nonfinite" and change.old == "rollback":
+        return "rollback's counters are no longer checkpointed"
+    if change.name in RECORDED_IDENTITY:
+        return "allowed by --allow_config_change"
+    return ""
 
 
 def path(model_dir: str) -> str:
@@ -76,26 +127,44 @@ def _read_record(model_dir: str) -> dict | None:
 
 def differences(recorded: dict, config) -> list[tuple[str, object, object]]:
     """[(flag, recorded value, this run's value)] for the RECORDED_IDENTITY flags that differ."""
-    current = config.as_dict()
+    changed = {c.name: c for c in changes(recorded, config)}
+    return [(name, changed[name].old, changed[name].new) for name in RECORDED_IDENTITY if name in changed]
+
+
+def changes(recorded: dict, config) -> list[Change]:
+    """Every flag of this run whose value differs from the record's (NOT_COMPARED left out; a
+    flag the record lacks, from an older engine, is not compared)."""
+    current = json.loads(json.dumps(config.as_dict()))  # as the record holds it (lists, not tuples)
     return [
-        (name, recorded[name], current[name])
-        for name in RECORDED_IDENTITY
-        if name in recorded and recorded[name] != current[name]
+        Change(name, recorded[name], value)
+        for name, value in current.items()
+        if name not in NOT_COMPARED and name in recorded and recorded[name] != value
     ]
 
 
-def check_resume(config) -> list:
-    """Stops a resumed run whose identity flags differ from the record (unless allowed).
-
-    Returns the allowed differences (empty for a fresh run or an unchanged one).
-    """
+def check_resume(config) -> list[Change]:
+    """Stops a resumed run whose identity flags differ from the record (unless allowed), or whose
+    checkpoints have no record. Returns every allowed change (empty for a fresh run or an
+    unchanged one); the caller names them (Change.line) and records them (write)."""
     _check_is_dir(config.model_dir)
     if not _has_checkpoint(config.model_dir):
         return []  # nothing to resume: a fresh run, whatever an earlier failed start recorded
     recorded = read(config.model_dir)
-    changed = differences(recorded, config) if recorded is not None else []
-    if changed and not config.allow_config_change:
-        shown = ", ".join(f"--{name}={old!r} -> {new!r}" for name, old, new in changed)
+    if recorded is None:
+        if not config.allow_config_change:
+            raise UserError(
+                f"--model_dir={config.model_dir} holds checkpoints but no {FILE_NAME} (the run's record), so "
+                "this run's flags cannot be compared with the ones it was trained with; restore "
+                f"{path(config.model_dir)}, use a new --model_dir, or pass --allow_config_change to resume "
+                "with these flags (then recorded)"
+            )
+        return [Change(FILE_NAME, None, "these flags")]
+    changed = changes(recorded, config)
+    identity = sorted(
+        (c for c in changed if c.name in RECORDED_IDENTITY), key=lambda c: RECORDED_IDENTITY.index(c.name)
+    )
+    if identity and not config.allow_config_change:
+        shown = ", ".join(f"--{c.name}={c.old!r} -> {c.new!r}" for c in identity)
         raise UserError(
             f"--model_dir={config.model_dir} holds a run with different flags ({shown}, recorded in "
             f"{path(config.model_dir)}); resume with that run's flags, use a new --model_dir, or pass "
@@ -157,13 +226,29 @@ def check_data_facts(config, facts: dict) -> bool:
     return bool(changed)
 
 
-def write(config, extra: dict) -> str:
-    """Writes model_dir/config.json (atomically): this run's flags plus `extra` facts."""
+def write(config, extra: dict, changed=(), step: int = 0) -> str:
+    """Writes model_dir/config.json (atomically): this run's flags plus `extra` facts, and the
+    record's history of changes (`changes`) with this resume's `changed` at `step` added. A fresh
+    run (step 0, nothing changed) starts a new history."""
     target = path(config.model_dir)
-    record = {"flags": config.as_dict(), **extra}
+    history = []
+    if step or changed:
+        try:
+            history = list((_read_record(config.model_dir) or {}).get("changes") or [])
+        except UserError:
+            history = []  # an unreadable record is refused before this; a vanished one has no history
+    history += [c.entry(step) for c in changed if c.name != FILE_NAME]
+    record = {"flags": config.as_dict(), **extra, **({"changes": history} if history else {})}
     temporary = target + ".tmp"
-    with open(temporary, "w") as f:
-        json.dump(record, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(temporary, target)
+    try:
+        with open(temporary, "w") as f:
+            json.dump(record, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(temporary, target)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        if not storage.cause(err):
+            raise
+        raise storage.failed(f"writing the run record {target}", storage.cause(err), config.model_dir) from None
     return target

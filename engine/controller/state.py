@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import keras
 import tensorflow as tf
@@ -87,6 +88,35 @@ def check_task_state(extras: task_state.TaskState, path: str) -> None:
         )
 
 
+def check_dropped_state(config, path: str) -> None:
+    """Refuses (one line) a resume without --on_nonfinite=rollback from a checkpoint whose data
+    position rollbacks moved: only rollback's counters hold it, so the run would replay batches."""
+    if config.on_nonfinite == "rollback":
+        return
+    reader = tf.train.load_checkpoint(path)
+    key = "data_offset/.ATTRIBUTES/VARIABLE_VALUE"
+    offset = int(reader.get_tensor(key)) if reader.has_tensor(key) else 0
+    if offset:
+        raise UserError(
+            f"--on_nonfinite={config.on_nonfinite}: checkpoint {path} was written after rollbacks moved "
+            f"its data {offset} batches past bad steps, which only --on_nonfinite=rollback keeps; resume "
+            "with --on_nonfinite=rollback (--max_rollbacks=0 makes the next bad step stop the run)"
+        )
+
+
+def _verify(config, extras: task_state.TaskState, path: str) -> None:
+    check_task_state(extras, path)
+    check_dropped_state(config, path)
+
+
+# What a resume says when its checkpoint lacks the state a flag added (Checkpointer's `optional`).
+INITIALISED = {
+    "ema": "--ema_decay={decay}: checkpoint {path} holds no weight averages; they start from its weights (step {step})",
+    "data_offset": "--on_nonfinite=rollback: checkpoint {path} holds no rollback counters; they start at 0 "
+    "(no rollback made, no batch skipped)",
+}
+
+
 def _counter(name, value=0):
     return tf.Variable(
         value, dtype=tf.int64, trainable=False, name=name, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
@@ -106,6 +136,7 @@ class TrainState:
     data_offset: tf.Variable
     rollbacks: tf.Variable
     warned: set = dataclasses.field(default_factory=set)  # untracked attributes already reported
+    initialised_lines: list = dataclasses.field(default_factory=list)  # state a resume started afresh, said
 
     @property
     def data_position(self) -> int:
@@ -126,6 +157,12 @@ class TrainState:
         optimizer = self.task.optimizer
         configured_rate = constant_rate(optimizer)
         path = self.checkpointer.restore_latest()
+        self.initialised_lines = [
+            "resume       "
+            + INITIALISED[name].format(decay=self.task.config.ema_decay, path=os.path.basename(path), step=self.step)
+            for name in self.checkpointer.initialised
+            if name in INITIALISED and path
+        ]
         if configured_rate is not None:
             optimizer.learning_rate = configured_rate
         if int(self.seed.numpy()) != self.task.seed:  # a resumed run keeps its seed, so its data order
@@ -168,7 +205,8 @@ def create_state(
         is_chief,
         keep,
         writable=writable,
-        verify=functools.partial(check_task_state, extras),
+        verify=functools.partial(_verify, task.config, extras),
+        optional=_optional_state(task, data_offset, rollbacks),
         model=task.model,
         optimizer=task.optimizer,
         global_step=global_step,
@@ -190,6 +228,23 @@ def create_state(
         data_offset=data_offset,
         rollbacks=rollbacks,
     )
+
+
+def _optional_state(task, data_offset, rollbacks) -> dict:
+    """{checkpoint name: initialise} of the state a flag adds, which a checkpoint written without
+    that flag lacks: the EMA's averages start from the restored weights, rollback's counters at 0."""
+    optional = {}
+    ema = task.updater.ema
+    if ema is not None:
+        optional.update(ema=ema.start_from_weights, ema_updates=ema.start_from_weights)
+    if task.config.on_nonfinite == "rollback":
+
+        def zero():
+            data_offset.assign(0)
+            rollbacks.assign(0)
+
+        optional.update(data_offset=zero, rollbacks=zero)
+    return optional
 
 
 def build_task_state(config, placement, task_class, data, *, seed: int, total_steps: int, writable: bool = True):

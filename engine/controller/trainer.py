@@ -16,7 +16,7 @@ import traceback
 import tensorflow as tf
 
 from engine import user_code
-from engine.controller import error_files, job, run_lock
+from engine.controller import error_files, job, run_lock, storage
 from engine.controller.actions.base import ActionContext
 from engine.controller.actions.export import Export
 from engine.controller.build import BuiltRun, build_run
@@ -55,10 +55,30 @@ def train(config, out=None) -> RunResult:
     with job.context(config), run_lock.held(config, out):
         try:
             return Trainer(build_run(config, out)).run()
-        except tf.errors.OpError as err:
+        except (tf.errors.OpError, OSError) as err:
+            failure = _write_failure(err, config)
+            if failure is not None:
+                raise failure from None
+            if not isinstance(err, tf.errors.OpError):
+                raise
             if config.strategy != "multi_worker_mirrored" or job.from_input_pipeline(err):
                 raise
             raise collective_failure(err, parse_tf_config(os.environ.get("TF_CONFIG"))) from None
+
+
+def _write_failure(err, config):
+    """A storage fault of a write into --model_dir that no site named (an event file written
+    between loops, ...) as one line (StorageFailed); None for any other error."""
+    cause = storage.cause(err)
+    if cause is None or (isinstance(err, tf.errors.OpError) and job.from_input_pipeline(err)):
+        return None
+    text = str(err) if isinstance(err, tf.errors.OpError) else str(getattr(err, "filename", "") or "")
+    dirs = tuple({config.model_dir, os.path.abspath(config.model_dir)})
+    where = next((word.rstrip(";:,") for word in text.split() if word.startswith(dirs)), None)
+    if where is None:
+        return None  # not a write into the run (a data file it cannot read, say)
+    what = "writing the TensorBoard event file" if ".tfevents." in where else "writing"
+    return storage.failed(f"{what} {where}", cause, config.model_dir)
 
 
 class Trainer:
@@ -95,6 +115,7 @@ class Trainer:
         restarts = os.environ.get(RESTARTS_ENV)
         if restarts and built.placement.is_chief:
             built.writers["train"].write_scalars(self.step, {"restarts": float(restarts)})
+        failing = False
         try:
             if self.stall_watch is not None:
                 self.stall_watch.start()
@@ -104,6 +125,9 @@ class Trainer:
             self._finish()
             if peers:
                 peers.stop()  # the last collective is done; a worker that exits now is not lost
+        except BaseException:
+            failing = True
+            raise
         finally:
             if self.stall_watch is not None:
                 self.stall_watch.stop()
@@ -111,7 +135,11 @@ class Trainer:
             if peers:
                 peers.stop()
             for writer in built.writers.values():
-                writer.close()
+                try:
+                    writer.close()
+                except tf.errors.OpError:
+                    if not failing:  # the failure on its way out says more (a full disk refuses the flush too)
+                        raise
             built.state.checkpointer.close()
         return self._result()
 
@@ -252,7 +280,20 @@ class Trainer:
         built = self.built
         if self.stall_watch is not None:
             self.stall_watch.touch()  # a long checkpoint write is progress, not a stall
-        path = built.state.save(self.step, built.schedule.epoch(self.step))
+        try:
+            path = built.state.save(self.step, built.schedule.epoch(self.step))
+        except (tf.errors.OpError, OSError) as err:
+            cause = storage.cause(err)
+            if cause is None:
+                raise
+            directory = built.state.checkpointer.manager.directory
+            raise storage.failed(
+                f"saving checkpoint ckpt-{self.step} into {directory}",
+                cause,
+                built.config.model_dir,
+                step=self.step,
+                saved_in=directory,
+            ) from None
         self.saved_step = self.step
         if built.placement.is_chief:
             self.checkpoint_path = path
