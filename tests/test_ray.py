@@ -15,24 +15,20 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import REPO, TASKS_FAULTS, exported_by_name, tensorboard_scalars, trained_by_name
+from helpers import REPO, TASKS_FAULTS, exported_by_name, small_flags, tensorboard_scalars, trained_by_name
 from engine import exit_codes
 
 pytestmark = pytest.mark.cluster
 
-FLAGS = [
-    "--dataset=synthetic",
-    "--synthetic_train_examples=512",
-    "--synthetic_test_examples=128",
-    "--model=mlp",
-    "--global_batch=64",
-    "--train_steps=8",
-    "--steps_per_loop=2",
-    "--checkpoint_every=2",
-    "--seed=7",
-    "--collective_timeout=60",
-    "--export",
-]
+RUN = dict(  # SMALL_RUN's synthetic data, batch and seed, with an mlp and a checkpoint every loop
+    synthetic_train_examples=512,
+    synthetic_test_examples=128,
+    model="mlp",
+    train_steps=8,
+    steps_per_loop=2,
+    checkpoint_every=2,
+)
+FLAGS = [*small_flags(**RUN), "--collective_timeout=60", "--export"]
 
 
 def _ray_job(model_dir, *flags, max_restarts=0, timeout=400):
@@ -58,10 +54,7 @@ def test_two_ray_workers_train_like_one_replica(undisturbed, tmp_path):
     assert "cluster      task worker:0 (chief) of 2 workers" in output, output[-4000:]
     assert "agreement    all 2 workers run the same flags" in output
     assert "ray_job: worker 1 runs run.py (restart 0)" in output and "(restart 1)" not in output
-    flags = dict(f[2:].split("=", 1) for f in FLAGS if "=" in f)
-    one_replica = trained_by_name(
-        tmp_path / "one", **{k: (int(v) if v.isdigit() else v) for k, v in flags.items() if k != "collective_timeout"}
-    )
+    one_replica = trained_by_name(tmp_path / "one", **RUN)
     assert weights.keys() == one_replica.keys()
     for name in weights:
         np.testing.assert_allclose(weights[name], one_replica[name], rtol=0, atol=1e-6, err_msg=name)
