@@ -14,6 +14,7 @@ run_lock.py     model_dir/.lock: one training run per directory (the chief's flo
 run_record.py   model_dir/config.json: written on a fresh run, compared on resume, every change named
 storage.py      a write into model_dir that fails (disk full, read-only): one line, the partial
                 checkpoint removed, the intact one named (StorageFailed, exit 3)
+error_files.py  model_dir/errors/: a failure's whole traceback when the console gets one line
 best.py         --best_metric: the best checkpoint and model in model_dir/best/
 rollback.py     --on_nonfinite=rollback: back to the last checkpoint, the data past the bad batch
 export.py       the exporters: model.keras and the SavedModel with a raw-input serving signature
