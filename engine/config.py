@@ -450,6 +450,12 @@ class Config:
         "Refused with "
         "synchronised batch norm (cnn_bn) under mirrored strategies.",
     )
+    run_eagerly: bool = _option(
+        False,
+        "Debugging: run the Task's train_step and eval_step as plain Python, one step at a time, so print, "
+        "breakpoints and .numpy() work inside them (same results as the compiled loop; many times slower: "
+        "docs/researcher-guide.md#debugging-a-step-eagerly). Refused with --jit_compile and --trace_graph.",
+    )
 
     def __post_init__(self):
         if not self.model_dir:  # a new run's directory, named once here

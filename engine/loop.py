@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import logging
 import typing
 import warnings
 
@@ -38,6 +39,17 @@ from engine.errors import UserError
 # Iterating a distributed dataset inside tf.function makes tf.data warn about options it cannot
 # see at trace time; the engine sets its options before distributing, so the warning is noise.
 warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
+
+
+class _EagerOverheadNoted(logging.Filter):
+    """strategy.run called eagerly (--run_eagerly) logs "Using MirroredStrategy eagerly has significant
+    overhead" on each of its first calls; the banner already says the run is eager and slow."""
+
+    def filter(self, record):
+        return "eagerly has significant overhead" not in str(record.msg)
+
+
+tf.get_logger().addFilter(_EagerOverheadNoted())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +65,7 @@ class LoopOptions:
     # Every model the Task trains (a skipped step puts their non-trainable state back); (): task.model.
     models: tuple = ()
     strategy_name: str = ""  # --strategy (a collective in an XLA-compiled step is refused under merge_call strategies)
+    run_eagerly: bool = False  # --run_eagerly: the loop runs as Python, no tf.function (debugging)
 
     @classmethod
     def from_config(cls, config, models=()) -> LoopOptions:
@@ -65,6 +78,7 @@ class LoopOptions:
             gradients=config.histogram_every > 0,
             models=tuple(models),
             strategy_name=config.strategy,
+            run_eagerly=config.run_eagerly,
         )
 
 
@@ -107,6 +121,16 @@ def compiled_for_one_run(loop):
     own = functools.partial(loop)
     own.__name__ = loop.__name__  # the traced graphs keep their names (no __wrapped__: that is unwrapped to the code)
     return released_after_tracing(tf.function(own))
+
+
+def compiled_unless_eager(loop, run_eagerly: bool):
+    """compiled_for_one_run(loop), or with --run_eagerly the Python function itself: each step then
+    runs op by op (strategy.run runs MirroredStrategy's replicas in threads), so print, pdb and
+    .numpy() work in the Task's steps. It traces nothing: its tracing count stays 0."""
+    if not run_eagerly:
+        return compiled_for_one_run(loop)
+    loop.experimental_get_tracing_count = lambda: 0
+    return loop
 
 
 def _check_names(outputs, names, step_name):
@@ -164,7 +188,11 @@ class _TrainStep:
         # which TensorFlow refuses inside a while_loop's body: such models run their micro-batches
         # unrolled in Python, each normalised by the statistics of that micro-batch on every replica.
         # So do steps that call Task.all_reduce/all_gather (found when the loop body is traced: CollectiveInLoop).
-        self.unrolled = any(refused_combinations.cross_replica_layers(model) for model in self.models)
+        # Run eagerly, a collective runs anywhere; the micro-batches are unrolled all the same (a
+        # while_loop would mark its body in_loop, which refuses collectives).
+        self.unrolled = options.run_eagerly or any(
+            refused_combinations.cross_replica_layers(model) for model in self.models
+        )
 
     def _compute_fn(self, batch, example_offset, in_loop=False):
         """The Task's step on one micro-batch -> (metrics, gradients handed over or [], whens)."""
@@ -388,13 +416,13 @@ def make_train_loop(strategy, task, global_step: tf.Variable, options: LoopOptio
             result["gradients"] = last
         return result
 
-    compiled = [compiled_for_one_run(train_loop)]
+    compiled = [compiled_unless_eager(train_loop, options.run_eagerly)]
 
     def run(iterator, num_steps):
         # A raw merge_call where TensorFlow cannot run one is refused in one line, not a traceback;
         # so is any other mistake of the Task's code found while tracing (user_code.step_errors_named).
         with (
-            user_code.step_errors_named("the training loop"),
+            user_code.step_errors_named("the training loop", eager=options.run_eagerly),
             step_context.raw_collectives_refused(options.accum_steps, options.jit_compile),
         ):
             try:
@@ -410,11 +438,12 @@ def make_train_loop(strategy, task, global_step: tf.Variable, options: LoopOptio
     return run
 
 
-def make_eval_loop(strategy, task, progress=None):
+def make_eval_loop(strategy, task, progress=None, run_eagerly=False):
     """eval_loop(distributed_dataset) -> {"totals": {name: (total, count)}, "examples": how many
     examples the replicas evaluated} over EVERY example of the dataset (the engine counts them
     itself, so a run can check that the whole eval set was seen exactly once). `progress`: a local
-    int64 variable counting evaluated batches (the stall watch's)."""
+    int64 variable counting evaluated batches (the stall watch's). run_eagerly: a Python loop
+    (--run_eagerly), eval_step runs as plain Python."""
     names = tuple(task.eval_metrics)
     task_step = _float32_outputs(task.eval_step, names, "eval_step")
 
@@ -430,10 +459,10 @@ def make_eval_loop(strategy, task, progress=None):
                 progress.assign_add(1)
         return {"totals": _unstacked(totals[:-1], names), "examples": totals[-1]}
 
-    compiled = compiled_for_one_run(eval_loop)
+    compiled = compiled_unless_eager(eval_loop, run_eagerly)
 
     def run(distributed_dataset):
-        with user_code.step_errors_named("the evaluation loop"):
+        with user_code.step_errors_named("the evaluation loop", eager=run_eagerly):
             return compiled(distributed_dataset)
 
     run.experimental_get_tracing_count = compiled.experimental_get_tracing_count

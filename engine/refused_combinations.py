@@ -48,9 +48,23 @@ def _loss_bound_with_skip(config, model, layers):
     return None
 
 
+def _eager_with_compilation(config, model, layers):
+    """--run_eagerly runs the loop as Python: there is no XLA-compiled step to build (TensorFlow
+    would compile it, so the step would not be plain Python) and no traced graph to write."""
+    compiled = [
+        flag for flag, on in (("--jit_compile", config.jit_compile), ("--trace_graph", config.trace_graph)) if on
+    ]
+    if config.run_eagerly and compiled:
+        return (
+            f"--run_eagerly with {' and '.join(compiled)}: a step run as plain Python is neither XLA-compiled "
+            "nor traced into a graph; drop one of them"
+        )
+    return None
+
+
 # Rules (config, model, its cross-replica layers) -> the error message, or None when allowed.
 # Append one to refuse another combination (and list it in docs/failures.md).
-REFUSED = (_xla_with_cross_replica_layers, _loss_bound_with_skip)
+REFUSED = (_xla_with_cross_replica_layers, _loss_bound_with_skip, _eager_with_compilation)
 
 
 def check(config, model) -> None:

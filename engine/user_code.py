@@ -112,11 +112,12 @@ def _shown(filename: str) -> str:
 
 
 @contextlib.contextmanager
-def step_errors_named(loop: str):
+def step_errors_named(loop: str, eager: bool = False):
     """Around a call of a compiled loop (`loop` names it, e.g. "the training loop"): an exception
     raised in user code while TensorFlow traced a Task method becomes StepFailed, one line naming
     the method and the user's file:line. Errors the step raised at run time (tf.errors.OpError),
-    the engine's own refusals (StopRun) and errors with no user frame (the engine's) pass as they are."""
+    the engine's own refusals (StopRun) and errors with no user frame (the engine's) pass as they are.
+    eager: the loop runs as Python (--run_eagerly), so the error came while running, not tracing."""
     try:
         yield
     except StopRun:
@@ -130,8 +131,7 @@ def step_errors_named(loop: str):
         metadata = getattr(err, "ag_error_metadata", None)
         cause = getattr(metadata, "cause_message", None) or str(err)
         first_line = (cause.strip().splitlines() or [""])[0].removeprefix(f"{type(err).__name__}: ")[:300]
-        failed = StepFailed(
-            f"{function} failed while TensorFlow traced {loop}, at {where}: {type(err).__name__}: {first_line}"
-        )
+        when = f"while {loop} ran eagerly" if eager else f"while TensorFlow traced {loop}"
+        failed = StepFailed(f"{function} failed {when}, at {where}: {type(err).__name__}: {first_line}")
         failed.traceback_text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
         raise failed from None

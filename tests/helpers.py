@@ -37,6 +37,7 @@ TASKS_FAULTS = os.path.join(REPO, "tests", "tasks_faults.py")  # a worker fails,
 TASKS_NONFINITE = os.path.join(REPO, "tests", "tasks_nonfinite.py")  # NaN/Inf on one replica at one step
 TASKS_REFUSED = os.path.join(REPO, "tests", "tasks_refused.py")  # user-code mistakes refused or ended in one line
 TASKS_STATE = os.path.join(REPO, "tests", "tasks_state.py")  # extra models, optimizers, host state, collectives
+TASKS_EAGER = os.path.join(REPO, "tests", "tasks_eager.py")  # steps that print and read .numpy() (--run_eagerly)
 NO_DROPOUT = f"{TASKS_EQUIVALENCE}:CnnBnNoDropoutTask"  # cnn_bn, dropout 0, BN momentum 0.5
 # train(config, **QUIET): no progress lines on the console
 QUIET = dict(out=open(os.devnull, "w"))

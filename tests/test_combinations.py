@@ -93,6 +93,7 @@ FEATURES = (
         },
     ),
     ("xla", {"nojit": ("--nojit_compile",), "jit": ("--jit_compile",)}),
+    ("eager", {"compiled": (), "eager": ("--run_eagerly",)}),
     ("summaries", {"basic": ("--summaries=basic",), "full": ("--summaries=full", "--histogram_every=2")}),
     ("best", {"last": (), "best_accuracy": ("--best_metric=accuracy",)}),
     ("input", {"auto": (), "pipeline": ("--input_mode=distribute_dataset",), "resident": ("--input_mode=resident",)}),
@@ -116,6 +117,7 @@ def refused(row: dict) -> bool:
         (row.get("xla") == "jit" and row.get("model") == "cnn_bn" and row.get("strategy", "").startswith("mirrored"))
         or (row.get("loss_bound") == "bounded" and row.get("on_nonfinite") == "skip")
         or (row.get("data") == "tfrecord_cache" and row.get("input") == "resident")
+        or (row.get("eager") == "eager" and row.get("xla") == "jit")
     )
 
 
@@ -170,6 +172,7 @@ TRAINED_ROWS = ROWS + [dict(ROWS[0], strategy="mirrored2", model="cnn_bn", accum
 REFUSED_ROWS = [dict(ROWS[0], strategy=s, model="cnn_bn", xla="jit") for s in ("mirrored1", "mirrored2")] + [
     dict(ROWS[0], loss_bound="bounded", on_nonfinite="skip", xla="nojit"),
     dict(ROWS[0], data="tfrecord_cache", input="resident"),
+    dict(ROWS[0], eager="eager", xla="jit"),
 ]
 
 
@@ -233,6 +236,8 @@ def test_refused_combination_says_so_in_one_line(row, cli_runs):
         expected = ("--loss_upper_bound", "--on_nonfinite=skip")
     elif row["data"] == "tfrecord_cache":
         expected = ("--cache", "--input_mode=resident")
+    elif row["eager"] == "eager":
+        expected = ("--run_eagerly", "--jit_compile")
     else:
         expected = ("--jit_compile", "--strategy=mirrored", "cnn_bn")
     assert all(part in errors[0] for part in expected), errors[0]

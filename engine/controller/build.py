@@ -150,7 +150,7 @@ def build_run(config, out) -> BuiltRun:
         train_data=train_data,
         eval_data=pipelines.distributed_eval_data(placement.strategy, data, config),
         train_loop=_train_loop(config, placement, task, state, fetched),
-        eval_loop=make_eval_loop(placement.strategy, task, progress=eval_batches),
+        eval_loop=make_eval_loop(placement.strategy, task, progress=eval_batches, run_eagerly=config.run_eagerly),
         progress=Progress(
             schedule.total_steps, schedule.steps_per_epoch, start_step, stream=out, enabled=placement.is_chief
         ),

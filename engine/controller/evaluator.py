@@ -134,7 +134,7 @@ class _Evaluator:
             config, self.placement, task_class, self.data, seed=seed, total_steps=self.total_steps(), writable=False
         )
         self.eval_data = pipelines.distributed_eval_data(self.placement.strategy, self.data, config)
-        self.eval_loop = make_eval_loop(self.placement.strategy, self.task)
+        self.eval_loop = make_eval_loop(self.placement.strategy, self.task, run_eagerly=config.run_eagerly)
         self.writer = SummaryWriter(os.path.join(config.model_dir, "eval"))
         self.evaluated = _read_evaluated(config.model_dir)
         self.say(

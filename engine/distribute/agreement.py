@@ -32,6 +32,7 @@ AGREED_FLAGS = (
     "synthetic_test_examples",
     "deterministic",
     "jit_compile",
+    "run_eagerly",
     "lr_schedule",
     "warmup_steps",
     "weight_decay",

@@ -49,6 +49,11 @@ def banner(config, placement, data, per_replica, schedule, seed, model, start_st
             "note         mirrored found a single device: this run is not distributed "
             "(use --cpu_replicas=N to split the CPU into N replicas)"
         )
+    if config.run_eagerly:
+        lines.append(
+            "note         --run_eagerly: train_step and eval_step run as plain Python, op by op (print, pdb and "
+            ".numpy() work); a debugging mode, many times slower than the compiled loop"
+        )
     if config.precision == "mixed_float16" and not any("GPU" in device.upper() for device in placement.devices):
         lines.append(
             "note         mixed_float16 on a CPU: no fast float16 kernels here, so it trains many times slower "
