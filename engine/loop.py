@@ -148,9 +148,21 @@ def _float32_outputs(step_fn, names, step_name):
     def replica_step(batch):
         outputs = step_fn(batch)
         _check_names(outputs, names, step_name)
-        return {name: (tf.cast(outputs[name][0], tf.float32), tf.cast(outputs[name][1], tf.float32)) for name in names}
+        return {name: tuple(_scalar(value, name, step_name) for value in outputs[name]) for name in names}
 
     return replica_step
+
+
+def _scalar(value, name, step_name):
+    """One float32 scalar of a step's (total, count); a vector is refused in one line, naming it."""
+    value = tf.cast(value, tf.float32)
+    if value.shape.rank != 0:
+        raise UserError(
+            f"{step_name} returned a total or count of shape {tuple(value.shape)} for {name!r}; a "
+            "metric's total and count are scalars: return one name per element, or self.collect "
+            "the per-example values in eval_step and compute the metric in Task.eval_summary"
+        )
+    return value
 
 
 def _add(totals, more):
@@ -438,34 +450,101 @@ def make_train_loop(strategy, task, global_step: tf.Variable, options: LoopOptio
     return run
 
 
+class _CollectsFound(Exception):
+    """The first trace of eval_step called self.collect: the loop is traced again with one
+    host-side buffer per collected name (nothing ran yet)."""
+
+
+def several_workers(strategy) -> bool:
+    """The strategy spans several workers (each holds only its replicas' values)."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return False  # one process holds every replica
+    return strategy.num_replicas_in_sync > len(strategy.extended.worker_devices)
+
+
 def make_eval_loop(strategy, task, progress=None, run_eagerly=False):
     """eval_loop(distributed_dataset) -> {"totals": {name: (total, count)}, "examples": how many
-    examples the replicas evaluated} over EVERY example of the dataset (the engine counts them
-    itself, so a run can check that the whole eval set was seen exactly once). `progress`: a local
-    int64 variable counting evaluated batches (the stall watch's). run_eagerly: a Python loop
+    examples the replicas evaluated, "collected": {name: tensor}} over EVERY example of the dataset
+    (the engine counts them itself, so a run can check that the whole eval set was seen exactly
+    once). "collected" holds what eval_step handed to Task.collect: each step's local replicas'
+    rows concatenated in replica order (a batch's examples are split across replicas in order, so
+    this is the eval set's order), the steps' in turn, in host memory. `progress`: a local int64
+    variable counting evaluated batches (the stall watch's). run_eagerly: a Python loop
     (--run_eagerly), eval_step runs as plain Python."""
     names = tuple(task.eval_metrics)
     task_step = _float32_outputs(task.eval_step, names, "eval_step")
+    collects = {}  # name -> (dtype, per-example shape) of what eval_step collects, from its first trace
 
     def replica_step(batch):  # the metrics' (total, count) then the batch's examples, one vector
         examples = tf.cast(tf.shape(tf.nest.flatten(batch)[0])[0], tf.float32)
-        return tf.concat([_stacked(task_step(batch), names), [examples]], 0)
+        with step_context.collecting() as collected:
+            outputs = task_step(batch)
+        found = {name: (t.dtype, tuple(t.shape[1:])) for name, t in collected.items()}
+        if found and not collects:
+            if several_workers(strategy):
+                raise UserError(
+                    "eval_step calls self.collect, which needs every eval example in one process; "
+                    "several workers hold only their shards: evaluate with a sidecar or --mode=eval"
+                )
+            collects.update(found)
+            raise _CollectsFound()
+        if found != collects:
+            raise UserError(
+                f"eval_step collected {sorted(found)} in one trace and {sorted(collects)} in another; "
+                "collect the same names (dtypes, shapes) in every eval_step"
+            )
+        vector = tf.concat([_stacked(outputs, names), [examples]], 0)
+        return vector, [collected[name] for name in collects]
 
     def eval_loop(distributed_dataset):
+        if collects:
+            return collecting_loop(distributed_dataset)
         totals = tf.zeros([2 * len(names) + 1])
         for batch in distributed_dataset:
-            totals += _reduce(strategy, strategy.run(replica_step, args=(batch,)))
+            vector, _ = strategy.run(replica_step, args=(batch,))
+            totals += _reduce(strategy, vector)
             if progress is not None:
                 progress.assign_add(1)
-        return {"totals": _unstacked(totals[:-1], names), "examples": totals[-1]}
+        return {"totals": _unstacked(totals[:-1], names), "examples": totals[-1], "collected": {}}
 
-    compiled = compiled_unless_eager(eval_loop, run_eagerly)
+    def collecting_loop(distributed_dataset):
+        """eval_loop with one TensorArray per collected name, in host memory (a `for` over a
+        distributed dataset cannot carry TensorArrays: the iterator's optional is looped on instead)."""
+        totals = tf.zeros([2 * len(names) + 1])
+        with tf.device("CPU:0"):
+            buffers = [
+                tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False, element_shape=[None, *shape])
+                for dtype, shape in collects.values()
+            ]
+        index, iterator = tf.constant(0), iter(distributed_dataset)
+        following = iterator.get_next_as_optional()
+        while following.has_value():
+            vector, collected = strategy.run(replica_step, args=(following.get_value(),))
+            totals += _reduce(strategy, vector)
+            with tf.device("CPU:0"):  # each step's local replicas' rows, in replica order
+                buffers = [
+                    buffer.write(index, tf.concat(strategy.experimental_local_results(value), 0))
+                    for buffer, value in zip(buffers, collected)
+                ]
+            index += 1
+            if progress is not None:
+                progress.assign_add(1)
+            following = iterator.get_next_as_optional()
+        with tf.device("CPU:0"):
+            collected = {name: buffer.concat() for name, buffer in zip(collects, buffers)}
+        return {"totals": _unstacked(totals[:-1], names), "examples": totals[-1], "collected": collected}
+
+    compiled = [compiled_unless_eager(eval_loop, run_eagerly)]
 
     def run(distributed_dataset):
         with user_code.step_errors_named("the evaluation loop", eager=run_eagerly):
-            return compiled(distributed_dataset)
+            try:
+                return compiled[0](distributed_dataset)
+            except _CollectsFound:
+                compiled[0] = compiled_unless_eager(eval_loop, run_eagerly)
+                return compiled[0](distributed_dataset)
 
-    run.experimental_get_tracing_count = compiled.experimental_get_tracing_count
+    run.experimental_get_tracing_count = lambda: compiled[0].experimental_get_tracing_count()
     return run
 
 

@@ -7,9 +7,11 @@ context, and where the engine finds what the step handed over.
   all_reduce     Task.all_reduce: SUM over every replica and worker
   all_gather     Task.all_gather: every replica's and worker's values, concatenated in replica order
   example_seeds  Task.example_seeds: per-example stateless seeds that do not depend on the layout
+  collect        Task.collect (eval_step only): per-example tensors for the host's Task.eval_summary
 
 The engine's compiled loop (engine/loop.py) enters `tracing(...)` around each trace of the Task's
-step and reads the yielded `Handed` afterwards. The record is thread-local because
+train step and reads the yielded `Handed` afterwards; the eval loop enters `collecting()` around
+each trace of eval_step and reads the yielded {name: tensor}. The record is thread-local because
 MirroredStrategy traces each replica's step on its own thread.
 """
 
@@ -173,3 +175,33 @@ def example_seeds(key, n) -> tf.Tensor:
     key = tf.cast(key, tf.int32)
     seeds = tf.stack([tf.fill([n], key[0]), tf.bitwise.bitwise_xor(key[1], index)], axis=1)
     return tf.cast(seeds, tf.int64)
+
+
+@contextlib.contextmanager
+def collecting():
+    """Around one trace of a Task's eval_step: yields the {name: tensor} its self.collect calls gave."""
+    collected, previous = {}, getattr(_local, "collected", None)
+    _local.collected = collected
+    try:
+        yield collected
+    finally:
+        _local.collected = previous
+
+
+def collect(name, tensor) -> None:
+    """Task.collect: records this replica's per-example `tensor` (leading axis: the examples of
+    its batch) under `name`, for the host's Task.eval_summary."""
+    collected = getattr(_local, "collected", None)
+    if collected is None:
+        raise UserError(f"self.collect({name!r}, ...) is only valid inside the engine's eval_step")
+    if not isinstance(name, str) or not name:
+        raise UserError(f"self.collect needs a name (a non-empty str), got {name!r}")
+    if name in collected:
+        raise UserError(f"eval_step calls self.collect({name!r}, ...) twice; collect each name once per step")
+    tensor = tf.convert_to_tensor(tensor)
+    if tensor.shape.rank == 0:
+        raise UserError(
+            f"self.collect({name!r}, ...) got a scalar; it needs one row per example of the batch "
+            "(leading axis: the examples), e.g. the batch's logits or labels"
+        )
+    collected[name] = tensor

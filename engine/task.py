@@ -48,6 +48,9 @@ class Task:
     # The names train_step / eval_step return, in this order.
     train_metrics = ("loss", "accuracy")
     eval_metrics = ("loss", "accuracy")
+    # The names eval_summary returns (whole-eval-set scalars such as "auc"): declared, they are
+    # valid --best_metric names from start-up on (and checked against what eval_summary returns).
+    eval_summary_metrics = ()
     # The model maps the data's features to one logit per class: the engine then draws confusion
     # matrices and misclassified examples after each evaluation. Set False for other models (a GAN).
     is_classifier = True
@@ -247,7 +250,23 @@ class Task:
         logits = self.model(images, training=False)
         return classification_metrics(labels, logits, self.per_example_loss(labels, logits))
 
+    def collect(self, name, tensor):
+        """Inside eval_step: hands this replica's per-example `tensor` (leading axis: the examples
+        of its batch, e.g. logits [n, classes] or labels [n]) to the host under `name`. After each
+        evaluation `eval_summary` gets every eval example's rows exactly once, in the eval set's
+        order. The whole set's arrays are held in host memory (docs/evaluation.md); multi-worker
+        training refuses it at start-up (evaluate with a sidecar or --mode=eval instead)."""
+        step_context.collect(name, tensor)
+
     # ---- on the host, between compiled loops ----
+    def eval_summary(self, collected: dict) -> dict:
+        """Whole-eval-set metrics, after each evaluation: `collected` is {name: NumPy array} of what
+        eval_step handed to self.collect, every eval example once in the eval set's order (the
+        partial last batch included). Return {name: scalar} (e.g. AUC, macro-F1): printed with the
+        eval metrics, written to TensorBoard, and a --best_metric / early-stopping metric once
+        listed in `eval_summary_metrics`. Plain Python/NumPy on the host. Default: none."""
+        return {}
+
     def derived_metrics(self, metrics: dict) -> dict:
         """Values computed from a loop's or an evaluation's reduced ratios {name: total / count}
         that are not ratios themselves (e.g. perplexity = exp(loss)); the engine shows them with the

@@ -31,6 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The Tasks the tests load with --task=PATH:Name (or import), one file per concern; the engine
 # loads a Task file by its path, so these files import nothing from one another.
 TASKS_ACTIONS = os.path.join(REPO, "tests", "tasks_actions.py")  # a Task with its own action
+TASKS_COLLECT = os.path.join(REPO, "tests", "tasks_collect.py")  # whole-eval-set metrics (self.collect)
 TASKS_DATA = os.path.join(REPO, "tests", "tasks_data.py")  # own pipelines, example counting, augmentation
 TASKS_EQUIVALENCE = os.path.join(REPO, "tests", "tasks_equivalence.py")  # N replicas like one; scaling mistakes
 TASKS_FAULTS = os.path.join(REPO, "tests", "tasks_faults.py")  # a worker fails, hangs, dies or slows down

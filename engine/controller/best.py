@@ -57,7 +57,7 @@ class BestKeeper:
         if self.name not in metric_names:
             raise UserError(
                 f"--best_metric={spec}: the task's eval metrics are {', '.join(metric_names)}; "
-                f"there is no {self.name!r}"
+                f"there is no {self.name!r} (eval_summary's count once listed in eval_summary_metrics)"
             )
         self.model_dir, self.is_chief = model_dir, is_chief
         self.directory = os.path.join(model_dir, DIR_NAME)

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from engine import __version__
 from engine.config import resolved_input_mode
-from engine.controller import job, run_record, storage
+from engine.controller import evaluation, job, run_record, storage
 from engine.controller.actions import engine_actions
 from engine.controller.rollback import Rollback
 from engine.controller.schedule import Schedule
@@ -86,6 +86,7 @@ def build_run(config, out) -> BuiltRun:
     schedule = _schedule(config, placement, steps_per_epoch, out)
     _check_flags(config, task_class, schedule)
     task, state = build_task_state(config, placement, task_class, data, seed=seed, total_steps=schedule.total_steps)
+    evaluation.check_collect(placement.strategy, task, schedule.eval_every >= 0)
     actions = engine_actions(config, task, is_chief=placement.is_chief)  # before training: bad flags refused now
     checkpoint_path = state.restore()
     if state.checkpointer.resumed is not None:  # the newer checkpoints that did not read back, named

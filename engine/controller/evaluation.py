@@ -1,21 +1,90 @@
 """One evaluation of the whole test split, as the training job and the evaluation job both run it:
-the reduced metrics (the Task's derived ones included) and the console line, which says when the
-pipeline missed or repeated examples (invariant 9)."""
+the reduced metrics (the Task's derived ones and its whole-set `eval_summary` included) and the
+console line, which says when the pipeline missed or repeated examples (invariant 9)."""
 
 from __future__ import annotations
 
-from engine.loop import ratios
+import numbers
+
+import numpy as np
+
+from engine.errors import UserError
+from engine.loop import ratios, several_workers
+from engine.task import Task
+
+
+def summarises(task) -> bool:
+    """The Task computes whole-eval-set metrics (overrides eval_summary or declares their names)."""
+    return type(task).eval_summary is not Task.eval_summary or bool(task.eval_summary_metrics)
+
+
+def metric_names(task) -> tuple:
+    """Every eval metric a run can keep the best of or stop early on: eval_step's, then eval_summary's."""
+    return tuple(task.eval_metrics) + tuple(task.eval_summary_metrics)
+
+
+def check_collect(strategy, task, evaluates: bool) -> None:
+    """At start-up: a Task with an eval_summary that a multi-worker run would evaluate is refused
+    in one line (each worker holds only its shard of the eval set)."""
+    if evaluates and summarises(task) and several_workers(strategy):
+        raise UserError(
+            f"{type(task).__name__}.eval_summary (whole-eval-set metrics from self.collect) needs every "
+            "eval example in one process, which training on several workers does not have; train with "
+            "--eval_every=-1 and evaluate with a sidecar (--evaluator) or --mode=eval"
+        )
+    clash = set(task.eval_summary_metrics) & set(task.eval_metrics)
+    if clash:
+        raise UserError(
+            f"{type(task).__name__}: {', '.join(sorted(clash))} is in both eval_metrics and "
+            "eval_summary_metrics; give eval_summary's metrics names of their own"
+        )
+
+
+def _summary(task, collected: dict, examples: int) -> dict:
+    """Task.eval_summary's scalars as floats, its input and output checked (one line each)."""
+    for name, rows in collected.items():
+        if len(rows) != examples:
+            raise UserError(
+                f"eval_step's self.collect({name!r}, ...) gave {len(rows)} rows for {examples} eval "
+                "examples; its leading axis must be the examples of the replica's batch"
+            )
+    returned = task.eval_summary(collected)
+    if not isinstance(returned, dict):
+        raise UserError(f"{type(task).__name__}.eval_summary returned {type(returned).__name__}, not a dict")
+    declared = tuple(task.eval_summary_metrics)
+    if declared and sorted(returned) != sorted(declared):
+        raise UserError(
+            f"{type(task).__name__}.eval_summary returned {sorted(returned)}; eval_summary_metrics "
+            f"declares {sorted(declared)}"
+        )
+    summary = {}
+    for name, value in returned.items():
+        if name in task.eval_metrics:
+            raise UserError(f"{type(task).__name__}.eval_summary returned {name!r}, which eval_step's metrics hold")
+        array = np.asarray(value)
+        if array.shape != () or not isinstance(array.item(), numbers.Real):
+            raise UserError(
+                f"{type(task).__name__}.eval_summary returned {name!r} of shape {array.shape}, not one "
+                "number; return one scalar per name"
+            )
+        summary[name] = float(array)
+    return summary
 
 
 def evaluate_split(eval_loop, eval_data, task, num_test: int, step: int) -> tuple[dict, str]:
     """Runs the eval loop over the whole test split: ({metric: value}, the console line). The
-    metrics include the Task's derived ones (e.g. perplexity from the per-token loss)."""
+    metrics include the Task's derived ones (e.g. perplexity from the per-token loss) and its
+    eval_summary's (from what eval_step collected)."""
     result = eval_loop(eval_data)
     metrics, examples = ratios(result["totals"]), int(result["examples"].numpy())
     metrics.update(task.derived_metrics(metrics))
+    collected = {name: value.numpy() for name, value in result.get("collected", {}).items()}
+    if collected or summarises(task):
+        metrics.update(_summary(task, collected, examples))
     seen = (
         f"{examples} examples"
         if examples == num_test
         else (f"{examples} examples evaluated, but the test split has {num_test}: its pipeline missed or repeated some")
     )
-    return metrics, f"eval   step {step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + f"  ({seen})"
+    shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+    return metrics, f"eval   step {step}: " + shown + f"  ({seen})"

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from engine.controller import job, run_record
 from engine.controller.state import build_task_state
-from engine.controller.evaluation import evaluate_split
+from engine.controller.evaluation import check_collect, evaluate_split, metric_names
 from engine.controller.best import BestKeeper
 from engine.controller.checkpoints import CheckpointDamaged, checkpoint_files
 from engine.data import pipelines
@@ -126,13 +126,14 @@ class _Evaluator:
         job.seed_everything(seed, config.deterministic)
         task_class, self.data, _ = job.load_data(config)
         self.best = (
-            BestKeeper(config.model_dir, config.best_metric, metric_names=tuple(task_class.eval_metrics))
+            BestKeeper(config.model_dir, config.best_metric, metric_names=metric_names(task_class))
             if config.best_metric
             else None
         )
         self.task, self.state = build_task_state(
             config, self.placement, task_class, self.data, seed=seed, total_steps=self.total_steps(), writable=False
         )
+        check_collect(self.placement.strategy, self.task, evaluates=False)  # one process: only the names
         self.eval_data = pipelines.distributed_eval_data(self.placement.strategy, self.data, config)
         self.eval_loop = make_eval_loop(self.placement.strategy, self.task, run_eagerly=config.run_eagerly)
         self.writer = SummaryWriter(os.path.join(config.model_dir, "eval"))

@@ -96,7 +96,7 @@ class Monitor:
         extra_hparams = {k: v for k, v in extra_hparams.items() if k != "class_names"}  # a list, not a knob
         evaluation.write_hparams(
             hparam_values(flags, extra_hparams),
-            self.task.eval_metrics,
+            (*self.task.eval_metrics, *self.task.eval_summary_metrics),
             trial_id=os.path.basename(os.path.normpath(self.config.model_dir)),
         )
 

@@ -24,6 +24,7 @@ from engine.controller.actions.ema_eval import EmaEvaluation
 from engine.controller.actions.eval_summaries import EvalSummaries
 from engine.controller.actions.export import Export
 from engine.controller.actions.histograms import Histograms
+from engine.controller.evaluation import metric_names
 
 
 def engine_actions(config, task, *, is_chief: bool) -> list:
@@ -33,9 +34,9 @@ def engine_actions(config, task, *, is_chief: bool) -> list:
     if config.ema_decay:
         actions.append(EmaEvaluation())
     if config.best_metric:
-        actions.append(KeepBest(config, task.eval_metrics, is_chief))
+        actions.append(KeepBest(config, metric_names(task), is_chief))
     if config.early_stopping_patience:
-        actions.append(EarlyStopping(config, task.eval_metrics, is_chief))
+        actions.append(EarlyStopping(config, metric_names(task), is_chief))
     if config.export:
         actions.append(Export(config))
     return actions + list(task.actions())

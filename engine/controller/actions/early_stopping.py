@@ -34,7 +34,8 @@ class EarlyStopping(Action):
         if self.metric not in metric_names:
             raise UserError(
                 f"--best_metric={config.best_metric}: the task's eval metrics are "
-                f"{', '.join(metric_names)}; there is no {self.metric!r}"
+                f"{', '.join(metric_names)}; there is no {self.metric!r} (eval_summary's count once "
+                "listed in eval_summary_metrics)"
             )
         self.patience, self.min_delta = config.early_stopping_patience, config.early_stopping_min_delta
         self.path = os.path.join(config.model_dir, FILE_NAME)
