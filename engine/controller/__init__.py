@@ -8,6 +8,7 @@ job.py          what both jobs do first: the job's context, seeding, the Task cl
 evaluation.py   one evaluation of the whole test split and its console line
 schedule.py     loop lengths and what is due at a step, as pure functions of the step
 state.py        the Task and what is built in strategy.scope() and checkpointed, and its restore
+checkpoint_names.py  how checkpoints are named on disk (no TensorFlow: the launcher reads them too)
 checkpoints.py  tf.train.Checkpoint + CheckpointManager (non-chief workers in a temp dir); a resume
                 from the newest checkpoint that reads back whole, damaged ones set aside
 run_lock.py     model_dir/.lock: one training run per directory (the chief's flock)

@@ -27,12 +27,10 @@ import time
 import tensorflow as tf
 
 from engine import compat
+from engine.controller.checkpoint_names import PREFIX, STATE_FILE, steps_with_files
 from engine.errors import UserError
 
-PREFIX = "ckpt"  # CheckpointManager's file names: ckpt-<step>.index, ckpt-<step>.data-<i>-of-<n>
 DAMAGED_DIR = "damaged"  # under checkpoints/: the unreadable checkpoints a resume set aside
-STATE_FILE = "checkpoint"  # CheckpointManager's state file
-_FILE = re.compile(rf"^{PREFIX}-(\d+)\.(index|data-\d+-of-\d+)$")
 _SHARD = re.compile(r"^\.data-\d+-of-(\d+)$")
 _LISTED = re.compile(rf'"(?:[^"]*/)?({PREFIX}-\d+)"')
 
@@ -91,7 +89,7 @@ def found_checkpoints(directory: str) -> list:
         names = tf.io.gfile.listdir(directory)
     except tf.errors.NotFoundError:
         return []
-    steps = {int(m.group(1)) for name in names if (m := _FILE.match(name))}
+    steps = steps_with_files(names)
     steps |= {int(name.rpartition("-")[2]) for name in listed_names(directory)}
     return [(step, os.path.join(directory, f"{PREFIX}-{step}")) for step in sorted(steps, reverse=True)]
 

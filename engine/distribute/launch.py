@@ -29,6 +29,7 @@ import threading
 import time
 
 from engine import exit_codes
+from engine.controller import checkpoint_names
 
 GRACE_SECONDS = 10.0  # for the other workers, after one failed
 RESTARTS_ENV = "CTL_ENGINE_RESTARTS"  # tells a restarted cluster's workers how many restarts came before
@@ -111,19 +112,16 @@ def resume_line(code: int, args: list) -> str:
     """The launcher's last line after a failed run: the newest checkpoint on disk and how to go on."""
     model_dir = next((a.split("=", 1)[1] for a in reversed(args) if a.startswith("--model_dir=")), "")
     directory = os.path.join(model_dir, "checkpoints")
-    steps = [
-        int(name[len("ckpt-") : -len(".index")])
-        for name in (os.listdir(directory) if os.path.isdir(directory) else [])
-        if name.startswith("ckpt-") and name.endswith(".index") and name[len("ckpt-") : -len(".index")].isdigit()
-    ]
+    steps = checkpoint_names.steps_with_files(os.listdir(directory) if os.path.isdir(directory) else [])
     todo = "rerun the same command" if exit_codes.retryable(code) else "fix the cause, then rerun the same command"
     if not steps:
         return (
             f"launcher: exit {code} ({exit_codes.describe(code)}); no checkpoint was written yet: {todo} to start again"
         )
+    newest = os.path.join(directory, f"{checkpoint_names.PREFIX}-{max(steps)}")
     return (
         f"launcher: exit {code} ({exit_codes.describe(code)}); the newest checkpoint is "
-        f"{os.path.join(directory, f'ckpt-{max(steps)}')} (checkpoints are written whole): {todo} to resume "
+        f"{newest} (checkpoints are written whole): {todo} to resume "
         f"from the newest one that reads back (--model_dir={model_dir})"
     )
 
