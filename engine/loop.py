@@ -477,7 +477,7 @@ def make_eval_loop(strategy, task, progress=None, run_eagerly=False):
 
     def replica_step(batch):  # the metrics' (total, count) then the batch's examples, one vector
         examples = tf.cast(tf.shape(tf.nest.flatten(batch)[0])[0], tf.float32)
-        with step_context.collecting() as collected:
+        with step_context.collecting() as collected, step_context.evaluating(batch):
             outputs = task_step(batch)
         found = {name: (t.dtype, tuple(t.shape[1:])) for name, t in collected.items()}
         if found and not collects:

@@ -167,14 +167,49 @@ def raw_collectives_refused(accum_steps=1, jit_compile=False):
 
 def example_seeds(key, n) -> tf.Tensor:
     """[n, 2] int64 stateless seeds for the n examples of this replica's (micro-)batch: `key` ([2]
-    int32, replica-independent) with the example's index in the GLOBAL batch folded in."""
+    int32, replica-independent) with, in train_step, the example's index in the GLOBAL batch folded
+    in, and in eval_step a fingerprint of the example itself (`evaluating`)."""
     trace = getattr(_local, "trace", None)
-    if trace is None:
-        raise UserError("self.example_seeds is only valid inside the engine's train_step")
-    index = tf.cast(trace.example_offset, tf.int32) + tf.range(n, dtype=tf.int32)
     key = tf.cast(key, tf.int32)
+    if trace is None:
+        batch = getattr(_local, "eval_batch", None)
+        if batch is None:
+            raise UserError("self.example_seeds is only valid inside the engine's train_step and eval_step")
+        return tf.cast(tf.bitwise.bitwise_xor(key[None, :], _fingerprints(batch, n)), tf.int64)
+    index = tf.cast(trace.example_offset, tf.int32) + tf.range(n, dtype=tf.int32)
     seeds = tf.stack([tf.fill([n], key[0]), tf.bitwise.bitwise_xor(key[1], index)], axis=1)
     return tf.cast(seeds, tf.int64)
+
+
+def _fingerprints(batch, n) -> tf.Tensor:
+    """[n, 2] int32: each example's 64-bit fingerprint over every tensor of the batch (its
+    features and label). An evaluation example has no position that holds under every layout
+    (replica and worker splits, streamed shards, the batch size), but its content does."""
+    leaves = [tf.convert_to_tensor(t) for t in tf.nest.flatten(batch)]
+    rows = [tf.fingerprint(tf.reshape(t, [tf.shape(t)[0], -1])) for t in leaves if t.shape.rank]
+    fingerprint = tf.fingerprint(tf.concat(rows, axis=1)) if len(rows) > 1 else rows[0]  # [n, 8] uint8
+    with tf.control_dependencies(
+        [
+            tf.debugging.assert_equal(
+                tf.shape(fingerprint)[0],
+                tf.cast(n, tf.int32),
+                message="self.example_seeds(n) in eval_step: n must be this replica's batch size",
+            )
+        ]
+    ):
+        return tf.bitcast(tf.reshape(fingerprint, [-1, 2, 4]), tf.int32)
+
+
+@contextlib.contextmanager
+def evaluating(batch):
+    """Around one call of a Task's eval_step on this replica's `batch`: example_seeds keys each
+    example by a fingerprint of its content, so a sampled evaluation is the same on any layout."""
+    previous = getattr(_local, "eval_batch", None)
+    _local.eval_batch = batch
+    try:
+        yield
+    finally:
+        _local.eval_batch = previous
 
 
 @contextlib.contextmanager

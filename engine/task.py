@@ -232,9 +232,11 @@ class Task:
         return replica_seed(self.seed, self.global_step, salt)
 
     def example_seeds(self, n, salt=0):
-        """[n, 2] int64 seeds, one per example of this replica's batch in train_step, from (--seed,
-        step, salt, the example's index in the GLOBAL batch): per-example noise that is the same
-        whatever the replica count or --grad_accum_steps."""
+        """[n, 2] int64 seeds, one per example of this replica's batch, from (--seed, step, salt, and
+        in train_step the example's index in the GLOBAL batch, in eval_step a fingerprint of the
+        example's tensors): per-example noise that is the same whatever the replica count, worker
+        count or --grad_accum_steps (in evaluation also the batch size; identical examples get
+        identical noise). `n`: this replica's batch size."""
         return step_context.example_seeds(replica_seed(self.seed, self.global_step, salt, per_replica=False), n)
 
     def example_normal(self, n, shape, salt=0):

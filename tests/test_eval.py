@@ -153,3 +153,45 @@ def test_undeclared_metric_names_are_a_clear_error(tmp_path):
     config = small_config(tmp_path, task=f"{TASKS_REFUSED}:WrongMetricsTask")
     with pytest.raises(UserError, match="eval_step returned"):
         train(config, **QUIET)
+
+
+class _NoisyEvalTask(Task):
+    """A sampled evaluation (a VAE's ELBO, a denoiser's score): eval_step adds per-example noise
+    from self.example_normal to the images before scoring them."""
+
+    eval_metrics = ("loss", "noise")
+
+    def eval_step(self, batch):
+        images, labels = batch
+        n = tf.shape(labels)[0]
+        noise = self.example_normal(n, self.input_shape)
+        losses = self.per_example_loss(labels, self.model(images + noise, training=False))
+        return {
+            "loss": (tf.reduce_sum(losses), tf.cast(n, tf.float32)),
+            "noise": (tf.reduce_sum(noise), tf.cast(n, tf.float32)),
+        }
+
+
+def _sampled_eval(replicas: int, global_batch: int) -> dict:
+    strategy = build_strategy("mirrored", replicas).strategy
+    with strategy.scope():
+        task = _NoisyEvalTask(small_config("/unused"), input_shape=(28, 28, 1), num_classes=10)
+        keras.utils.set_random_seed(3)  # the same weights on every layout
+        task.model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+        task.seed, task.global_step = 7, tf.Variable(5, dtype=tf.int64, trainable=False)
+    from engine.data.arrays import eval_dataset
+
+    images, labels = synthetic_arrays(301, seed=2)
+    dataset = strategy.experimental_distribute_dataset(eval_dataset(images, labels, global_batch))
+    totals = make_eval_loop(strategy, task)(dataset)["totals"]
+    return {name: float(total) / float(count) for name, (total, count) in totals.items()}
+
+
+def test_a_sampled_evaluation_is_the_same_on_any_replica_count_and_batch_size():
+    one = _sampled_eval(1, 64)
+    assert one["noise"] != 0.0  # the noise was drawn
+    assert _sampled_eval(1, 64) == one  # repeatable
+    for replicas, batch in ((2, 64), (2, 50), (1, 301)):
+        other = _sampled_eval(replicas, batch)
+        assert other["loss"] == pytest.approx(one["loss"], rel=1e-5), (replicas, batch)
+        assert other["noise"] == pytest.approx(one["noise"], rel=1e-5), (replicas, batch)
