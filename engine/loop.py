@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from engine import compat, refused_combinations, step_context, update, user_code
 from engine.errors import UserError
+from engine.task import Task
 
 # Iterating a distributed dataset inside tf.function makes tf.data warn about options it cannot
 # see at trace time; the engine sets its options before distributing, so the warning is noise.
@@ -202,14 +203,15 @@ class _TrainStep:
         # So do steps that call Task.all_reduce/all_gather (found when the loop body is traced: CollectiveInLoop).
         # Run eagerly, a collective runs anywhere; the micro-batches are unrolled all the same (a
         # while_loop would mark its body in_loop, which refuses collectives).
+        self.after_update = type(task).after_update is not Task.after_update  # overridden: run it
         self.unrolled = options.run_eagerly or any(
             refused_combinations.cross_replica_layers(model) for model in self.models
         )
 
-    def _compute_fn(self, batch, example_offset, in_loop=False):
+    def _compute_fn(self, batch, example_offset, in_loop=False, micro_batch=0):
         """The Task's step on one micro-batch -> (metrics, gradients handed over or [], whens)."""
         with step_context.tracing(
-            in_loop=in_loop, jit_strategy=self.jit_strategy, example_offset=example_offset
+            in_loop=in_loop, jit_strategy=self.jit_strategy, example_offset=example_offset, micro_batch=micro_batch
         ) as handed:
             outputs = self._step(batch)
         self._handed = handed
@@ -225,7 +227,7 @@ class _TrainStep:
 
         def add_micro_batch(i, outputs, gradients, whens, in_loop=False):
             micro_batch = tf.nest.map_structure(lambda t: t[i], split)
-            more, grads, whens = self._compute(micro_batch, offset + i * size, in_loop)
+            more, grads, whens = self._compute(micro_batch, offset + i * size, in_loop, i)
             return _add(outputs, more), [a + b for a, b in zip(gradients, grads)], whens
 
         first = self._compute(tf.nest.map_structure(lambda t: t[0], split), offset)
@@ -253,6 +255,17 @@ class _TrainStep:
             )
         return updater.apply(updater.groups(handed, whens), gradients, kept_state)
 
+    def _after_update(self, applied):
+        """Task.after_update, once per optimizer update, only where the update was applied (the
+        same on every replica: it follows from the summed gradients)."""
+
+        def hook():
+            with step_context.after_update():
+                self.task.after_update()
+            return tf.constant(True)
+
+        tf.cond(applied, hook, lambda: tf.constant(False))
+
     def _with_update_summaries(self, outputs, outcome):
         done = outcome.summaries if outcome is not None else {}
         missing = (tf.constant(0.0), tf.constant(0.0))
@@ -274,6 +287,8 @@ class _TrainStep:
         else:
             outputs, gradients, whens = self._micro_batches(batch, offset)
         outcome = self._apply(gradients, whens, kept_state)
+        if self.after_update:
+            self._after_update(tf.constant(True) if outcome is None else outcome.applied)
         if self.update_summaries:
             outputs = self._with_update_summaries(outputs, outcome)
         stacked = _stacked(outputs, self.names)

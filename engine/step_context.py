@@ -68,17 +68,38 @@ class _Trace:
     in_loop: bool = False
     jit_strategy: str | None = None  # --strategy when the step is XLA-compiled
     example_offset: object = 0
+    micro_batch: object = 0  # which of the --grad_accum_steps micro-batches (int, or int32 in the loop)
 
 
 @contextlib.contextmanager
-def tracing(*, in_loop=False, jit_strategy=None, example_offset=0):
+def tracing(*, in_loop=False, jit_strategy=None, example_offset=0, micro_batch=0):
     """Around one trace of a Task's step: collects what it hands over; yields the Handed."""
     handed, previous = Handed(), (getattr(_local, "handed", None), getattr(_local, "trace", None))
-    _local.handed, _local.trace = handed, _Trace(in_loop, jit_strategy, example_offset)
+    _local.handed, _local.trace = handed, _Trace(in_loop, jit_strategy, example_offset, micro_batch)
     try:
         yield handed
     finally:
         _local.handed, _local.trace = previous
+
+
+def micro_batch():
+    """Task.micro_batch: the index of the micro-batch train_step is on (0 without accumulation)."""
+    trace = getattr(_local, "trace", None)
+    if trace is None:
+        raise UserError("self.micro_batch is only valid inside the engine's train_step")
+    return trace.micro_batch
+
+
+@contextlib.contextmanager
+def after_update():
+    """Around the Task's after_update hook: it runs under a tf.cond (only when the update was
+    applied), where no collective can run."""
+    previous = getattr(_local, "in_after_update", False)
+    _local.in_after_update = True
+    try:
+        yield
+    finally:
+        _local.in_after_update = previous
 
 
 def _handed(what) -> Handed:
@@ -111,6 +132,11 @@ def note_scaled() -> None:
 def _collective(what):
     """The replica context, where the traced step may run a collective now: refused in one line
     in an XLA-compiled step under a merge_call strategy; CollectiveInLoop in the micro-batch loop."""
+    if getattr(_local, "in_after_update", False):
+        raise UserError(
+            f"after_update calls {what} (a collective); it runs only when the update was applied, "
+            "where no collective can run: gather in train_step and keep what after_update needs in a variable"
+        )
     trace = getattr(_local, "trace", None)
     if trace is not None and trace.jit_strategy:
         raise UserError(

@@ -260,6 +260,22 @@ class Task:
         training refuses it at start-up (evaluate with a sidecar or --mode=eval instead)."""
         step_context.collect(name, tensor)
 
+    @property
+    def micro_batch(self):
+        """Inside train_step: which micro-batch of the update this step is on, 0 to
+        --grad_accum_steps - 1 (an int, or an int32 scalar inside the engine's micro-batch loop);
+        0 without accumulation. E.g. where to keep this micro-batch's keys until after_update."""
+        return step_context.micro_batch()
+
+    def after_update(self) -> None:
+        """Runs once after each optimizer update, on every replica, after the engine applied the
+        summed gradients, and only when it did (not for a skipped non-finite step or a float16
+        loss-scale overflow): however many micro-batches --grad_accum_steps splits the batch into,
+        it runs once. For state that moves once per update: a momentum encoder, a queue of keys, a
+        target network. Assignments are per replica: compute them from values the same on every
+        replica (the weights, what train_step gathered into a variable). No collectives here (it
+        runs under a tf.cond): gather in train_step. Default: nothing."""
+
     # ---- on the host, between compiled loops ----
     def eval_summary(self, collected: dict) -> dict:
         """Whole-eval-set metrics, after each evaluation: `collected` is {name: NumPy array} of what

@@ -25,12 +25,24 @@ class RecordingAucF1Task(AucF1Task):
 
 class GatherCollectTask(AucF1Task):
     """The pairwise flag test's Task: the AUC/F1 Task (collects in eval_step) whose train_step also
-    gathers every replica's labels with self.all_gather (their sum enters the loss times 0)."""
+    gathers every replica's labels with self.all_gather (their sum enters the loss times 0) into a
+    variable at its micro-batch's row, which after_update adds up once per update."""
+
+    def build_extras(self):
+        self.gathered = tf.Variable(tf.zeros([4]), trainable=False)  # one row per micro-batch
+        self.label_sum = tf.Variable(0.0, trainable=False)
 
     def train_step(self, batch):
         outputs = super().train_step(batch)
         gathered = self.all_gather(tf.cast(batch[1], tf.float32))
+        self.gathered.assign(
+            tf.tensor_scatter_nd_update(self.gathered, [[self.micro_batch]], [tf.reduce_sum(gathered)])
+        )
         return dict(outputs, loss=(outputs["loss"][0] + 0.0 * tf.reduce_sum(gathered), outputs["loss"][1]))
+
+    def after_update(self):
+        self.label_sum.assign_add(tf.reduce_sum(self.gathered))
+        self.gathered.assign(tf.zeros([4]))
 
 
 class VectorTotalTask(Task):

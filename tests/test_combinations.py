@@ -71,7 +71,8 @@ FEATURES = (
             "label_smoothing": ("--task=label_smoothing",),
             # two models, two optimizers through the engine's one update path (issue 23)
             "two_optimizers": (f"--task={TASKS_STATE}:ProbeTask",),
-            # self.all_gather in train_step, self.collect in eval_step, Task.eval_summary (issue 45)
+            # self.all_gather and self.micro_batch in train_step, Task.after_update, self.collect in
+            # eval_step, Task.eval_summary (issue 45)
             "gather_collect": (f"--task={TASKS_COLLECT}:GatherCollectTask",),
         },
     ),
