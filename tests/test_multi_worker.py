@@ -3,6 +3,7 @@ by timeouts: equivalence of worker layouts, agreement, lost workers, the launche
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -17,6 +18,7 @@ from helpers import (
     TASKS_NONFINITE,
     checkpoint_state,
     exported_weights,
+    max_difference,
     run_cli,
     small_config,
     small_flags,
@@ -261,3 +263,30 @@ def test_long_multi_worker_run_keeps_its_thread_count(tmp_path):
     assert codes == [0, 0], outputs[0][-3000:]
     assert "step 400/400" in outputs[0]
     assert 0 < most < 400, most
+
+
+def test_resume_on_another_worker_count_matches_an_undisturbed_run(tmp_path):
+    """2 workers for 2 steps, then 1 process to step 4, then 2 workers to the end (the same
+    --global_batch): like 1 replica all along; each resume's banner names the layout change."""
+    run = tmp_path / "run"
+    first = run_cli(
+        "--strategy=multi_worker_mirrored",
+        "--num_workers=2",
+        *ARGS,
+        "--train_steps=2",
+        f"--model_dir={run}",
+        timeout=180,
+    )
+    assert first.returncode == 0, first.stdout[-3000:]
+    out = io.StringIO()
+    alone = train(small_config(run, model="mlp", optimizer="adam", collective_timeout=30, train_steps=4), out=out)
+    assert alone.start_step == 2 and alone.final_step == 4
+    assert "changed      layout 2 workers x 1 replica -> 1 worker x 1 replica at step 2 (" in out.getvalue()
+    last = run_cli("--strategy=multi_worker_mirrored", "--num_workers=2", *ARGS, f"--model_dir={run}", timeout=180)
+    assert last.returncode == 0, last.stdout[-3000:]
+    assert last.stdout.count("(resuming at step 4)") == 2  # every worker restored
+    assert "[worker 0] changed      layout 1 worker x 1 replica -> 2 workers x 1 replica at step 4 (" in last.stdout
+    straight = small_config(tmp_path / "straight", model="mlp", optimizer="adam", collective_timeout=30)
+    train(straight, **QUIET)
+    difference = max_difference(checkpoint_state(run), checkpoint_state(tmp_path / "straight"))
+    assert difference < 1e-6, difference  # float32 sums in another order
