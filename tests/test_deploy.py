@@ -1,4 +1,4 @@
-"""Every manifest in deploy/ is validated offline (docs/strategies.md#what-is-validated-offline).
+"""Every manifest in deploy/ is validated offline (docs/strategies.md#kubernetes).
 
 Core Kubernetes types (the Indexed Job) are validated whole against Kubernetes' own schemas by
 the kubernetes-validate package, strictly (an unknown field is an error). A custom resource has
