@@ -66,6 +66,8 @@ def test_outside_a_jobset_or_with_tf_config_nothing_is_built():
     assert jobset.configure("multi_worker_mirrored", 2, {}) == {}
     assert jobset.configure("multi_worker_mirrored", 2, _pod_env(0, TF_CONFIG='{"cluster": {}}')) == {}
     assert jobset.configure("mirrored", 0, _pod_env(0)) == {}  # one pod training alone
+    with pytest.raises(UserError, match="every pod would train alone into the same --model_dir"):
+        jobset.configure("mirrored", 0, _pod_env(1))  # a second pod: several trainings, one directory
 
 
 @pytest.mark.parametrize(

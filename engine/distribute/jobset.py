@@ -11,7 +11,8 @@ passed on as the engine's restart count). A pod sees nothing of the Job's size, 
 (the TrainJob's trainer.numNodes) says it. Worker i is pod i (worker 0 is the chief); every pod
 listens on PORT_ENV (default DEFAULT_PORT: each pod has its own address). run.py then sets
 TF_CONFIG, so validation, flag agreement, the watchdog and the stall detection are the same as for
-a hand-written TF_CONFIG. No TensorFlow import here.
+a hand-written TF_CONFIG. With any other strategy, a pod other than pod 0 is refused (every pod
+would train alone into the same --model_dir). No TensorFlow import here.
 """
 
 from __future__ import annotations
@@ -88,7 +89,15 @@ def configure(strategy: str, num_workers: int, env) -> dict:
     """For run.py, before TensorFlow loads: the variables to set for this JobSet pod (TF_CONFIG
     as a JSON string, and the restart count), or {} outside a JobSet or where TF_CONFIG is set.
     Raises UserError where the pod's variables and the flags do not fit together."""
-    if env.get("TF_CONFIG") or not env.get(NAME_ENV) or strategy != "multi_worker_mirrored":
+    if env.get("TF_CONFIG") or not env.get(NAME_ENV):
+        return {}
+    if strategy != "multi_worker_mirrored":
+        pod = env.get("JOB_COMPLETION_INDEX", "")
+        if pod.isdigit() and int(pod) > 0:  # pod 0 cannot tell whether it is alone
+            raise UserError(
+                f"JobSet pod {pod} of --strategy={strategy}: every pod would train alone into the same "
+                "--model_dir; use --strategy=multi_worker_mirrored, --num_workers=<trainer.numNodes>; or numNodes: 1"
+            )
         return {}
     if num_workers < 1:
         raise UserError(
