@@ -48,7 +48,7 @@ def main(argv) -> int:
 
     try:
         config = engine_flags.config_from_flags()
-        _slurm_cluster(config)
+        _cluster_from_environment(config)
         from engine.observe.startup_noise import import_tensorflow
 
         if show_info:
@@ -91,15 +91,17 @@ def main(argv) -> int:
     return exit_code
 
 
-def _slurm_cluster(config) -> None:
-    """Under srun with several tasks and no TF_CONFIG, the cluster comes from SLURM's variables
-    (engine/distribute/slurm.py): TF_CONFIG is set here, before TensorFlow loads, so everything
-    after it (validation, agreement, watchdog, stall detection) is the same as for a written one."""
-    from engine.distribute import slurm
+def _cluster_from_environment(config) -> None:
+    """Under srun with several tasks (engine/distribute/slurm.py) or in a JobSet pod of Kubeflow
+    Trainer's TrainJob (engine/distribute/jobset.py), with no TF_CONFIG, the cluster comes from
+    their variables: TF_CONFIG is set here, before TensorFlow loads, so everything after it
+    (validation, agreement, watchdog, stall detection) is the same as for a written one."""
+    from engine.distribute import jobset, slurm
 
     built = slurm.configure(config.strategy, config.num_workers, os.environ)
     if built:
         os.environ["TF_CONFIG"] = built
+    os.environ.update(jobset.configure(config.strategy, config.num_workers, os.environ))
 
 
 def _role(config):

@@ -59,3 +59,22 @@ def test_the_tfjob_restarts_by_exit_code_with_the_tables_codes():
     notes = worker["template"]["metadata"]["annotations"]
     assert {int(c) for c in notes["ctl-engine/permanent-exit-codes"].split(",")} == set(exit_codes.PERMANENT)
     assert {int(c) for c in notes["ctl-engine/retryable-exit-codes"].split(",")} == set(exit_codes.RETRYABLE)
+
+
+def test_the_trainer_runtime_fails_on_permanent_codes_and_restarts_the_jobset_on_the_others():
+    """deploy/trainer-runtime.yaml: a permanent code fails the Job by its podFailurePolicy (reason
+    PodFailurePolicy), which fails the JobSet; a retryable one is counted against backoffLimit 0
+    (reason BackoffLimitExceeded), which restarts every worker."""
+    jobset = _load("trainer-runtime.yaml")["spec"]["template"]["spec"]
+    (node,) = jobset["replicatedJobs"]
+    job = node["template"]["spec"]
+    (container,) = job["template"]["spec"]["containers"]
+    assert job["backoffLimit"] == 0 and job["template"]["spec"]["restartPolicy"] == "Never"
+    by_action = {}
+    for rule in job["podFailurePolicy"]["rules"]:
+        assert rule["onExitCodes"]["operator"] == "In" and rule["onExitCodes"]["containerName"] == container["name"]
+        by_action.setdefault(rule["action"], set()).update(rule["onExitCodes"]["values"])
+    assert by_action == {"FailJob": set(exit_codes.PERMANENT), "Count": set(exit_codes.RETRYABLE)}
+    reasons = {r["action"]: r["onJobFailureReasons"] for r in jobset["failurePolicy"]["rules"]}
+    assert reasons == {"FailJobSet": ["PodFailurePolicy"], "RestartJobSet": ["BackoffLimitExceeded"]}
+    assert jobset["failurePolicy"]["maxRestarts"] > 0

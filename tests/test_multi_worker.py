@@ -3,6 +3,7 @@ by timeouts: equivalence of worker layouts, agreement, lost workers, the launche
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -17,6 +18,7 @@ from helpers import (
     TASKS_NONFINITE,
     checkpoint_state,
     exported_weights,
+    max_difference,
     run_cli,
     small_config,
     small_flags,
@@ -39,6 +41,13 @@ def _single_process_weights(tmp_path, name, **overrides):
     config = small_config(tmp_path / name, export=True, model="mlp", optimizer="adam", **overrides)
     train(config, **QUIET)
     return exported_weights(tmp_path / name)
+
+
+def _two_workers(model_dir, *flags):
+    """ARGS (with `flags`) on 2 local workers of the launcher, into model_dir."""
+    return run_cli(
+        "--strategy=multi_worker_mirrored", "--num_workers=2", *ARGS, *flags, f"--model_dir={model_dir}", timeout=180
+    )
 
 
 def _assert_same(a, b):
@@ -179,23 +188,9 @@ def test_launcher_stops_the_rest_at_the_first_failure_and_never_retries_a_perman
 
 
 def test_multi_worker_run_resumes(tmp_path):
-    first = run_cli(
-        "--strategy=multi_worker_mirrored",
-        "--num_workers=2",
-        *ARGS,
-        "--train_steps=3",
-        f"--model_dir={tmp_path / 'run'}",
-        timeout=180,
-    )
+    first = _two_workers(tmp_path / "run", "--train_steps=3")
     assert first.returncode == 0, first.stdout[-3000:]
-    second = run_cli(
-        "--strategy=multi_worker_mirrored",
-        "--num_workers=2",
-        *ARGS,
-        f"--model_dir={tmp_path / 'run'}",
-        "--export",
-        timeout=180,
-    )
+    second = _two_workers(tmp_path / "run", "--export")
     assert second.returncode == 0, second.stdout[-3000:]
     assert "[worker 0] model_dir" in second.stdout and "(resuming at step 3)" in second.stdout
     assert second.stdout.count("(resuming at step 3)") == 2  # every worker restored
@@ -261,3 +256,23 @@ def test_long_multi_worker_run_keeps_its_thread_count(tmp_path):
     assert codes == [0, 0], outputs[0][-3000:]
     assert "step 400/400" in outputs[0]
     assert 0 < most < 400, most
+
+
+def test_resume_on_another_worker_count_matches_an_undisturbed_run(tmp_path):
+    """2 workers for 2 steps, then 1 process to step 4, then 2 workers to the end (the same
+    --global_batch): like 1 replica all along; each resume's banner names the layout change."""
+    run = tmp_path / "run"
+    first = _two_workers(run, "--train_steps=2")
+    assert first.returncode == 0, first.stdout[-3000:]
+    out = io.StringIO()
+    alone = train(small_config(run, model="mlp", optimizer="adam", collective_timeout=30, train_steps=4), out=out)
+    assert alone.start_step == 2 and alone.final_step == 4
+    assert "changed      layout 2 workers x 1 replica -> 1 worker x 1 replica at step 2 (" in out.getvalue()
+    last = _two_workers(run)
+    assert last.returncode == 0, last.stdout[-3000:]
+    assert last.stdout.count("(resuming at step 4)") == 2  # every worker restored
+    assert "[worker 0] changed      layout 1 worker x 1 replica -> 2 workers x 1 replica at step 4 (" in last.stdout
+    straight = small_config(tmp_path / "straight", model="mlp", optimizer="adam", collective_timeout=30)
+    train(straight, **QUIET)
+    difference = max_difference(checkpoint_state(run), checkpoint_state(tmp_path / "straight"))
+    assert difference < 1e-6, difference  # float32 sums in another order

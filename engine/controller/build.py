@@ -92,6 +92,9 @@ def build_run(config, out) -> BuiltRun:
     if state.checkpointer.resumed is not None:  # the newer checkpoints that did not read back, named
         out.write("".join(line + "\n" for line in state.checkpointer.resumed.lines()))
     start_step = state.step
+    run_layout = run_record.layout(placement.num_workers, placement.num_replicas)
+    if start_step:
+        config_changes = [*config_changes, *run_record.layout_change(config, run_layout)]
     for action in actions:
         action.resume_at(start_step)
     augment = task.example_augmentation(task.seed)
@@ -107,7 +110,12 @@ def build_run(config, out) -> BuiltRun:
             f"note         {where} gives train_step {describe_structure(augmented)} per example; "
             f"evaluation and the export take the data's {describe_structure((data.spec.features, data.spec.labels))}\n"
         )
-    run_facts = {"engine_version": __version__, "replicas": placement.num_replicas, "effective_seed": task.seed}
+    run_facts = {
+        "engine_version": __version__,
+        "replicas": placement.num_replicas,
+        run_record.LAYOUT: run_layout,
+        "effective_seed": task.seed,
+    }
     run_facts.update(data_facts)
     if placement.is_chief and (start_step == 0 or config_changes or data_changed):
         run_record.write(config, run_facts, config_changes if start_step else (), start_step)

@@ -9,10 +9,11 @@ streamed source) with the record, and stops with a UserError naming each differe
 rollback, train_steps, ...) may change between a run and its resumption, and each change is named
 (invariant 14): one banner line per flag (`changed      --learning_rate 0.001 -> 0.5 at step 4`),
 and the record, rewritten with the new flags, keeps a history of every change and its step
-(`changes`). Only the flags in NOT_COMPARED, which say nothing about the training, are not
-compared. Checkpoints without a record are refused (their flags cannot be compared) unless
---allow_config_change. Keys the record has and this engine does not know are ignored, so older or
-newer records still load.
+(`changes`). A resume on another layout (workers x replicas, e.g. an srun or a TF_CONFIG of
+another size with the same flags) is named and kept the same way (`layout`). Only the flags in
+NOT_COMPARED, which say nothing about the training, are not compared. Checkpoints without a
+record are refused (their flags cannot be compared) unless --allow_config_change. Keys the record
+has and this engine does not know are ignored, so older or newer records still load.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from engine.controller.checkpoints import found_checkpoints
 from engine.errors import UserError
 
 FILE_NAME = "config.json"
+LAYOUT = "layout"  # the record's fact (and history entry) of the run's workers x replicas
 # Resuming with a different value of one of these is an error (--allow_config_change overrides).
 # model, optimizer, lr_schedule and precision also decide which variables the checkpoint holds.
 RECORDED_IDENTITY = (
@@ -61,6 +63,11 @@ class Change:
         """The banner's line for it."""
         if self.name == FILE_NAME:
             return f"changed      no {FILE_NAME}: this run's flags are recorded as the run's at step {step}"
+        if self.name == LAYOUT:
+            return (
+                f"changed      layout {self.old} -> {self.new} at step {step} (the same global batch, "
+                "so training continues as if it had this layout from that step)"
+            )
         note = _note(self)
         return f"changed      --{self.name} {_value(self.old)} -> {_value(self.new)} at step {step}" + (
             f" ({note})" if note else ""
@@ -68,7 +75,8 @@ class Change:
 
     def entry(self, step: int) -> dict:
         """The record's history entry for it."""
-        return {"step": step, "flag": self.name, "from": self.old, "to": self.new}
+        key = "fact" if self.name == LAYOUT else "flag"
+        return {"step": step, key: self.name, "from": self.old, "to": self.new}
 
 
 def _value(value) -> str:
@@ -171,6 +179,21 @@ def check_resume(config) -> list[Change]:
             "--allow_config_change to change them on purpose"
         )
     return changed
+
+
+def layout(num_workers: int, num_replicas: int) -> str:
+    """The record's `layout` fact, e.g. `2 workers x 1 replica`."""
+    per_worker = num_replicas // max(num_workers, 1)
+    return f"{num_workers} worker{'s' * (num_workers != 1)} x {per_worker} replica{'s' * (per_worker != 1)}"
+
+
+def layout_change(config, current: str) -> list[Change]:
+    """[the Change] where a resumed run's layout differs from the one its record holds (records
+    from before the layout was recorded are not compared), else []."""
+    if not _has_checkpoint(config.model_dir):
+        return []
+    recorded = (_read_record(config.model_dir) or {}).get(LAYOUT)
+    return [Change(LAYOUT, recorded, current)] if recorded and recorded != current else []
 
 
 def _has_checkpoint(model_dir: str) -> bool:

@@ -2,6 +2,7 @@
 
 cluster.py      TF_CONFIG parsing and checks (no TensorFlow import: run.py fails fast)
 slurm.py        TF_CONFIG from an srun step's SLURM variables (no TensorFlow import)
+jobset.py       TF_CONFIG from a Kubeflow TrainJob's JobSet pod indexes (no TensorFlow import)
 ray_job.py      `python -m engine.distribute.ray_job`: run.py on Ray Train workers, retried by Ray's policy
 strategy.py     the strategy factory, logical CPU devices, chief/worker placement
 watchdog.py     rendezvous before the multi-worker strategy; peer watchdog during training
