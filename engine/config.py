@@ -456,6 +456,14 @@ class Config:
         "breakpoints and .numpy() work inside them (same results as the compiled loop; many times slower: "
         "docs/researcher-guide.md#debugging-a-step-eagerly). Refused with --jit_compile and --trace_graph.",
     )
+    preflight: bool = _option(
+        True,
+        "Before the first training loop, try what the run reaches after training on one real batch: an "
+        "evaluation step with the Task's eval_summary, derived_metrics and after_eval, the SavedModel's "
+        "serving signature, a checkpoint written and read back in a temporary directory; a mistake there "
+        "then stops the run in its first minute with the line it would print after training. Changes "
+        "nothing of the run; its seconds are printed (docs/failures.md#the-preflight).",
+    )
 
     def __post_init__(self):
         if not self.model_dir:  # a new run's directory, named once here

@@ -118,6 +118,22 @@ def step_errors_named(loop: str, eager: bool = False):
     the method and the user's file:line. Errors the step raised at run time (tf.errors.OpError),
     the engine's own refusals (StopRun) and errors with no user frame (the engine's) pass as they are.
     eager: the loop runs as Python (--run_eagerly), so the error came while running, not tracing."""
+    when = f"while {loop} ran eagerly" if eager else f"while TensorFlow traced {loop}"
+    with _user_errors_named(lambda function: f"{function} failed {when}", op_errors_pass=True):
+        yield
+
+
+@contextlib.contextmanager
+def host_errors_named(method: str):
+    """Around a Task method the engine calls on the host between loops (`method` names it, e.g.
+    "eval_summary"): an exception raised in user code becomes StepFailed, one line naming the
+    method and the user's file:line (its whole traceback goes to errors/)."""
+    with _user_errors_named(lambda function: f"{method} failed", op_errors_pass=False):
+        yield
+
+
+@contextlib.contextmanager
+def _user_errors_named(failed_text, op_errors_pass: bool):
     try:
         yield
     except StopRun:
@@ -126,12 +142,11 @@ def step_errors_named(loop: str, eager: bool = False):
         import tensorflow as tf
 
         where, function = user_site(err)
-        if isinstance(err, tf.errors.OpError) or not where:
+        if (op_errors_pass and isinstance(err, tf.errors.OpError)) or not where:
             raise
         metadata = getattr(err, "ag_error_metadata", None)
         cause = getattr(metadata, "cause_message", None) or str(err)
         first_line = (cause.strip().splitlines() or [""])[0].removeprefix(f"{type(err).__name__}: ")[:300]
-        when = f"while {loop} ran eagerly" if eager else f"while TensorFlow traced {loop}"
-        failed = StepFailed(f"{function} failed {when}, at {where}: {type(err).__name__}: {first_line}")
+        failed = StepFailed(f"{failed_text(function)}, at {where}: {type(err).__name__}: {first_line}")
         failed.traceback_text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
         raise failed from None

@@ -83,3 +83,30 @@ class KeyMistakeInEvalStepTask(Task):
     def eval_step(self, batch):
         metrics = super().eval_step(batch)
         return {"loss": metrics["loss"], "accuracy": metrics["acuracy"]}  # EVAL_STEP MISTAKE: a typo
+
+
+class EvalSummaryMistakeTask(Task):
+    """eval_summary (whole-eval-set metrics) raises: a mistake of host code run after each evaluation."""
+
+    eval_summary_metrics = ("share",)
+
+    def eval_step(self, batch):
+        self.collect("labels", batch[1])
+        return super().eval_step(batch)
+
+    def eval_summary(self, collected):
+        labels = collected["labels"]
+        return {"share": float(labels.sum()) / labels.nmbr}  # EVAL_SUMMARY MISTAKE: a typo
+
+
+class UnservableModelTask(Task):
+    """export_model gives a model whose call works only eagerly (the serving signature fails)."""
+
+    def export_model(self):
+        import keras
+
+        class EagerOnly(keras.Model):
+            def call(self, images):
+                return tf.constant(images.numpy())  # EXPORT MISTAKE: .numpy() in a traced call
+
+        return EagerOnly()

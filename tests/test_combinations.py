@@ -85,6 +85,7 @@ FEATURES = (
         },
     ),
     ("loss_bound", {"unbounded": (), "bounded": ("--loss_upper_bound=100",)}),
+    ("preflight", {"preflight": (), "nopreflight": ("--nopreflight",)}),
     ("ema", {"no_ema": (), "ema": ("--ema_decay=0.9",)}),
     ("early_stopping", {"no_early_stop": (), "early_stop": ("--early_stopping_patience=1", "--best_metric=accuracy")}),
     ("stall_watch", {"watched": ("--stall_timeout=600",), "unwatched": ("--stall_timeout=0",)}),

@@ -5,6 +5,8 @@ trainer.py      the training job: runs a built run's compiled loops, decides whe
 build.py        builds a run (strategy, data, schedule, state, actions, writers, loops): BuiltRun
 evaluator.py    the evaluation job: --mode=eval and --mode=continuous_eval (the sidecar)
 job.py          what both jobs do first: the job's context, seeding, the Task class and its data
+preflight.py    --preflight: evaluation, summaries, export signature and checkpoint tried on one
+                batch before the first training loop
 evaluation.py   one evaluation of the whole test split and its console line
 schedule.py     loop lengths and what is due at a step, as pure functions of the step
 state.py        the Task and what is built in strategy.scope() and checkpointed, and its restore

@@ -8,6 +8,7 @@ import numbers
 
 import numpy as np
 
+from engine import user_code
 from engine.errors import UserError
 from engine.loop import ratios, several_workers
 from engine.task import Task
@@ -48,7 +49,8 @@ def _summary(task, collected: dict, examples: int) -> dict:
                 f"eval_step's self.collect({name!r}, ...) gave {len(rows)} rows for {examples} eval "
                 "examples; its leading axis must be the examples of the replica's batch"
             )
-    returned = task.eval_summary(collected)
+    with user_code.host_errors_named(f"{type(task).__name__}.eval_summary"):
+        returned = task.eval_summary(collected)
     if not isinstance(returned, dict):
         raise UserError(f"{type(task).__name__}.eval_summary returned {type(returned).__name__}, not a dict")
     declared = tuple(task.eval_summary_metrics)
@@ -77,7 +79,8 @@ def evaluate_split(eval_loop, eval_data, task, num_test: int, step: int) -> tupl
     eval_summary's (from what eval_step collected)."""
     result = eval_loop(eval_data)
     metrics, examples = ratios(result["totals"]), int(result["examples"].numpy())
-    metrics.update(task.derived_metrics(metrics))
+    with user_code.host_errors_named(f"{type(task).__name__}.derived_metrics"):
+        metrics.update(task.derived_metrics(metrics))
     collected = {name: value.numpy() for name, value in result.get("collected", {}).items()}
     if collected or summarises(task):
         metrics.update(_summary(task, collected, examples))

@@ -84,6 +84,16 @@ class _Serving(tf.Module):
         return {"outputs": outputs}
 
 
+def serving_module(model, spec, outputs: str = "probabilities") -> _Serving:
+    """The module export_saved_model writes, its `serve` not traced yet (the preflight traces it)."""
+    if outputs not in OUTPUTS:
+        raise ValueError(f"export_saved_model(outputs={outputs!r}): expected one of {', '.join(OUTPUTS)}")
+    own = _own_input(model, spec)
+    signature_input = own or spec.raw_features or spec.features
+    num_classes = spec.num_classes if outputs == "probabilities" and own is None else None
+    return _Serving(model, signature_input, normalise=own is None, num_classes=num_classes)
+
+
 def export_saved_model(model, spec, directory: str, version: int, *, outputs: str = "probabilities") -> str:
     """Writes <directory>/<version>/ (see the module doc) and returns its path.
 
@@ -93,12 +103,7 @@ def export_saved_model(model, spec, directory: str, version: int, *, outputs: st
     for a classifier (spec.num_classes set and the model's last axis that wide), else
     {"outputs": float32 model outputs}; "logits" always returns {"outputs": ...}.
     An existing <version> is replaced."""
-    if outputs not in OUTPUTS:
-        raise ValueError(f"export_saved_model(outputs={outputs!r}): expected one of {', '.join(OUTPUTS)}")
-    own = _own_input(model, spec)
-    signature_input = own or spec.raw_features or spec.features
-    num_classes = spec.num_classes if outputs == "probabilities" and own is None else None
-    module = _Serving(model, signature_input, normalise=own is None, num_classes=num_classes)
+    module = serving_module(model, spec, outputs)
     os.makedirs(directory, exist_ok=True)
     final = os.path.join(directory, str(int(version)))
     # Hidden, non-numeric names: TF Serving only loads numbered version directories.

@@ -16,7 +16,7 @@ import traceback
 import tensorflow as tf
 
 from engine import user_code
-from engine.controller import error_files, job, run_lock, storage
+from engine.controller import error_files, job, preflight, run_lock, storage
 from engine.controller.actions.base import ActionContext
 from engine.controller.actions.export import Export
 from engine.controller.build import BuiltRun, build_run
@@ -149,6 +149,10 @@ class Trainer:
         with Watch(built.placement.strategy, built.placement.num_workers) as watch:
             if self.step >= total:
                 built.progress.message(f"model_dir already holds step {self.step} of {total}: nothing to train")
+            if built.config.preflight and self.step < total:
+                built.progress.message(preflight.check(self))
+                if self.stall_watch is not None:
+                    self.stall_watch.touch()
             self.iterator = iter(self.train_data)
             if built.rollback is not None and self.checkpoint_path is None and self.step == 0:
                 self.save()  # something to roll back to before the first scheduled checkpoint

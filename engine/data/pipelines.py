@@ -70,6 +70,16 @@ def distributed_eval_data(strategy, source, config):
     return strategy.experimental_distribute_dataset(source.eval_dataset(config.global_batch))
 
 
+def distributed_eval_batches(strategy, source, config, batches: int):
+    """The first `batches` global eval batches of each input pipeline, split like
+    distributed_eval_data (the same element spec: the eval loop runs it without tracing again)."""
+    compat.device_datasets_without_autotune()
+    if source.streamed:
+        dataset_fn = source.eval_dataset_fn(config.global_batch)
+        return strategy.distribute_datasets_from_function(lambda context: dataset_fn(context).take(batches))
+    return strategy.experimental_distribute_dataset(source.eval_dataset(config.global_batch).take(batches))
+
+
 def steps_per_epoch(source, global_batch: int) -> int:
     steps = source.num_train // global_batch
     if steps == 0:
