@@ -412,23 +412,24 @@ def make_train_loop(strategy, task, global_step: tf.Variable, options: LoopOptio
 
 def make_eval_loop(strategy, task, progress=None):
     """eval_loop(distributed_dataset) -> {"totals": {name: (total, count)}, "examples": how many
-    examples the replicas evaluated} over EVERY example of the dataset (the engine counts them
+    examples the replicas evaluated, "nonfinite_examples": how many of them hold a NaN or Inf in a
+    floating-point tensor of the batch} over EVERY example of the dataset (the engine counts them
     itself, so a run can check that the whole eval set was seen exactly once). `progress`: a local
     int64 variable counting evaluated batches (the stall watch's)."""
     names = tuple(task.eval_metrics)
     task_step = _float32_outputs(task.eval_step, names, "eval_step")
 
-    def replica_step(batch):  # the metrics' (total, count) then the batch's examples, one vector
+    def replica_step(batch):  # the metrics' (total, count), the batch's examples and its non-finite ones, one vector
         examples = tf.cast(tf.shape(tf.nest.flatten(batch)[0])[0], tf.float32)
-        return tf.concat([_stacked(task_step(batch), names), [examples]], 0)
+        return tf.concat([_stacked(task_step(batch), names), [examples, _nonfinite_examples(batch)]], 0)
 
     def eval_loop(distributed_dataset):
-        totals = tf.zeros([2 * len(names) + 1])
+        totals = tf.zeros([2 * len(names) + 2])
         for batch in distributed_dataset:
             totals += _reduce(strategy, strategy.run(replica_step, args=(batch,)))
             if progress is not None:
                 progress.assign_add(1)
-        return {"totals": _unstacked(totals[:-1], names), "examples": totals[-1]}
+        return {"totals": _unstacked(totals[:-2], names), "examples": totals[-2], "nonfinite_examples": totals[-1]}
 
     compiled = compiled_for_one_run(eval_loop)
 
@@ -438,6 +439,18 @@ def make_eval_loop(strategy, task, progress=None):
 
     run.experimental_get_tracing_count = compiled.experimental_get_tracing_count
     return run
+
+
+def _nonfinite_examples(batch) -> tf.Tensor:
+    """How many examples of `batch` hold a NaN or Inf: per floating-point tensor the rows (first
+    axis) with one, the most over its tensors (tensors of a batch need not share their rows)."""
+    counts = [tf.constant(0.0)]
+    for tensor in tf.nest.flatten(batch):
+        if tensor.dtype.is_floating and tensor.shape.rank:
+            finite = tf.math.is_finite(tensor)
+            rows = tf.reduce_all(finite, axis=list(range(1, tensor.shape.rank))) if tensor.shape.rank > 1 else finite
+            counts.append(tf.reduce_sum(1.0 - tf.cast(rows, tf.float32)))
+    return tf.reduce_max(tf.stack(counts))
 
 
 def ratios(totals) -> dict:

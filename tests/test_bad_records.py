@@ -6,6 +6,7 @@ or metrics print one warning line (engine/controller/evaluation.py). docs/failur
 from __future__ import annotations
 
 import glob
+import io
 import os
 import threading
 
@@ -157,3 +158,21 @@ def test_a_corrupt_image_met_while_training_is_named(tmp_path):
     )
     assert "the input pipeline failed after step " in message and f": {bad}: " in message
     assert "PNG" in message and "is intact" in message and state.model_checkpoint_path in message
+
+
+def test_non_finite_eval_inputs_print_one_warning_and_training_goes_on(tmp_path):
+    x_test = np.zeros((40, 6), np.float32)
+    x_test[3, 2] = np.nan
+    np.savez(
+        tmp_path / "d.npz",
+        x_train=np.random.RandomState(0).rand(256, 6).astype(np.float32),
+        y_train=np.arange(256) % 2,
+        x_test=x_test,
+        y_test=np.arange(40) % 2,
+    )
+    out = io.StringIO()
+    result = train(small_config(tmp_path / "run", dataset=f"npz:{tmp_path}/d.npz", model="mlp", eval_every=3), out=out)
+    warnings = [line for line in out.getvalue().splitlines() if line.startswith("warning")]
+    assert result.final_step == 6
+    assert [w.split(":")[0] for w in warnings] == ["warning      eval step 3", "warning      eval step 6"]
+    assert "1 test examples hold NaN or Inf inputs; non-finite metric loss nan" in warnings[0]
