@@ -118,7 +118,8 @@ def _train_until_damaged(tmp_path, dataset, damage, **flags):
     return raised.value.message, tf.train.get_checkpoint_state(f"{model_dir}/checkpoints")
 
 
-def test_a_shard_overwritten_while_training_names_file_and_cause_and_keeps_the_checkpoints(tmp_path):
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_shard_overwritten_while_training_names_file_and_cause_and_keeps_the_checkpoints(tmp_path, replicas):
     paths = _shards(tmp_path / "rec", count=640, shards=4)
     offset = _offset(paths[2], 14)
     message, state = _train_until_damaged(
@@ -128,6 +129,7 @@ def test_a_shard_overwritten_while_training_names_file_and_cause_and_keeps_the_c
         global_batch=32,
         shuffle_buffer=50,
         eval_every=-1,
+        **(dict(strategy="mirrored", cpu_replicas=2) if replicas == 2 else {}),
     )
     latest = state.model_checkpoint_path
     assert message.startswith(f"--dataset=tfrecord:{tmp_path}/rec/train-*: the input pipeline failed after step ")
