@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from engine.config import Config
 from engine.controller.trainer import train
-from engine.data import sources, tfrecord
+from engine.data import bad_records, sources, tfrecord
 from engine.errors import UserError
 from helpers import QUIET, run_cli, small_config
 
@@ -87,6 +87,28 @@ def test_a_bad_record_at_start_up_names_its_file_index_offset_and_cause(tmp_path
         raised.value.message
         == f"{bad}: record {index} (byte {offset}): {cause.format(offset=offset, data=offset + 12)}"
     )
+
+
+def _parse_example(serialized):  # a Task's own record layout: "x" a serialized float32 (4,) tensor
+    parsed = tf.io.parse_single_example(
+        serialized, {"x": tf.io.FixedLenFeature((), tf.string), "label": tf.io.FixedLenFeature((), tf.int64)}
+    )
+    return tf.ensure_shape(tf.io.parse_tensor(parsed["x"], tf.float32), (4,)), parsed["label"]
+
+
+def test_a_record_only_decoding_rejects_is_found_again_after_the_failure(tmp_path):
+    good = _shards(tmp_path / "a")[0]
+    other = tfrecord.write_shards(str(tmp_path / "b"), "train", np.zeros((20, 5), np.float32), np.zeros(20, int), 1)[0]
+    source = sources.load(Config(dataset=f"tfrecord:{good},{other}"))  # the start-up scan parses, not decodes
+    assert bad_records.locate(source, source.loaded_at).startswith(
+        f"{other}: record 0 (byte 0): {good}: a record's 'x' is not a float32 tensor of shape [4]"
+    )
+    _missing_feature(good)
+    source = sources.load(Config(dataset=f"tfrecord:{tmp_path}/a/train-*"), parse_example=_parse_example)
+    assert bad_records.locate(source, 0) == (
+        f"{good}: record 7 (byte {_offset(good, 7)}): Feature: x (data type: string) is required but could not be found"
+    )
+    assert bad_records.locate(sources.load(Config(dataset=f"tfrecord:{tmp_path}/a/train-00001*")), 0) is None
 
 
 def test_a_record_that_is_not_an_example_ends_run_py_in_one_line(tmp_path):

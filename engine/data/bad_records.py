@@ -35,6 +35,11 @@ def first_cause(err) -> str:
     if "Could not parse example input" in cause:
         return "not a tf.train.Example"
     cause = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", cause)  # the op's graph location
+    # A failed tf.debugging.Assert: its data (eager "Expected ... Summarized data: b'...'", traced
+    # "assertion failed: [...]")
+    asserted = re.search(r"Summarized data: (.*)$", cause) or re.match(r"assertion failed: \[(.*)\]", cause)
+    if asserted:
+        cause = re.sub(r"\bb([\"'])(.*?)\1", r"\2", asserted.group(1)).replace("] [", " ").strip("[]")
     cause = cause.rsplit("Name: <unknown>, ", 1)[-1]  # after "Error in user-defined function passed to ..."
     cause = cause.split(" [Op:")[0].rstrip(". ")
     return re.sub(r"' failed with (.*)$", r" (\1)", cause)[:300]  # "truncated record at B' failed with Read less ..."

@@ -16,6 +16,7 @@ Write shards from arrays (any `npz:` file with x_train, y_train, x_test, y_test)
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 
 import numpy as np
@@ -161,10 +162,11 @@ def _scan(files, spec=None) -> tuple:
     return count, low, high
 
 
-def scan_file(path, spec=None) -> tuple:
+def scan_file(path, spec=None, decode_batch=None) -> tuple:
     """(problem or None, records, (lowest, highest) integer label or None) of one file: every record
-    read (its framing and CRCs checked) and, with `spec`, parsed, `_SCAN_BATCH` at a time; a problem
-    is 'FILE: record N (byte B): cause'. Nothing per record unless a batch fails."""
+    read (its framing and CRCs checked) and, with `spec`, parsed, with `decode_batch` also decoded
+    as training decodes it, `_SCAN_BATCH` at a time; a problem is 'FILE: record N (byte B): cause'.
+    Nothing per record unless a batch fails."""
     path = path.decode() if isinstance(path, bytes) else str(path)
     integer = spec is not None and spec["label"].dtype == tf.int64
     count, offset, low, high = 0, 0, None, None
@@ -181,10 +183,16 @@ def scan_file(path, spec=None) -> tuple:
             try:
                 labels = tf.io.parse_example(batch, spec)["label"].numpy()
             except (tf.errors.InvalidArgumentError, UnicodeDecodeError):
-                return _unparsable(path, batch, count, offset, lengths, spec), count, None
+                parse = functools.partial(tf.io.parse_example, features=spec)
+                return _first_failing(path, batch, count, offset, lengths, parse), count, None
             if integer and labels.size:
                 low = int(labels.min()) if low is None else min(low, int(labels.min()))
                 high = int(labels.max()) if high is None else max(high, int(labels.max()))
+        if decode_batch is not None:
+            try:
+                decode_batch(batch)
+            except (tf.errors.InvalidArgumentError, UnicodeDecodeError):
+                return _first_failing(path, batch, count, offset, lengths, decode_batch), count, None
         count, offset = count + len(lengths), offset + int(lengths.sum())
     return None
 
@@ -202,15 +210,16 @@ def _unreadable(path, start: int, offset: int, err) -> str:
     return f"{path}: record {index} (byte {offset}): {bad_records.first_cause(err)}"
 
 
-def _unparsable(path, batch, start: int, offset: int, lengths, spec) -> str:
-    """The first record of `batch` (records `start`... of `path`, from byte `offset`) that `spec` does not parse."""
+def _first_failing(path, batch, start: int, offset: int, lengths, run) -> str:
+    """The first record of `batch` (records `start`... of `path`, from byte `offset`) on which `run`
+    (a function of a batch of records) fails, tried one record at a time."""
     for i, record in enumerate(batch):
         try:
-            tf.io.parse_example(record[None], spec)
+            run(record[None])
         except (tf.errors.InvalidArgumentError, UnicodeDecodeError) as err:
             where = offset + int(lengths[:i].sum())
             return f"{path}: record {start + i} (byte {where}): {bad_records.first_cause(err)}"
-    return f"{path}: records {start}-{start + len(lengths) - 1} (from byte {offset}) do not parse together"
+    return f"{path}: records {start}-{start + len(lengths) - 1} (from byte {offset}) fail together, not one by one"
 
 
 def _decode_checker(decode):
@@ -253,7 +262,7 @@ def load(argument: str, config, parse_example=None) -> streams.StreamSource:
         decode, decode_batch, features, raw = _default_schema(train_files[0], config.image_size)
 
         def check(path):
-            return scan_file(path, features)[0]
+            return scan_file(path, features, decode_batch)[0]
 
     train_scan = _scan(train_files, features)
     test_scan = _scan(test_files, features) if test_glob else train_scan
