@@ -164,18 +164,32 @@ def test_a_shard_overwritten_while_training_names_file_and_cause_and_keeps_the_c
     tf.train.load_checkpoint(latest).get_variable_to_shape_map()
 
 
-def test_a_corrupt_image_met_while_training_is_named(tmp_path):
-    png = tf.io.encode_png(np.zeros((4, 4, 1), np.uint8)).numpy()
+_PNG = tf.io.encode_png(np.zeros((4, 4, 1), np.uint8)).numpy()
+_CORRUPT_PNG = _PNG[:8] + b"garbage" * 20  # a PNG signature, then garbage: found only when decoded
+
+
+def _image_folders(root):
     for split, count in (("train", 64), ("test", 8)):
         for label in ("a", "b"):
-            os.makedirs(tmp_path / "img" / split / label)
+            os.makedirs(root / split / label)
             for i in range(count // 2):
-                (tmp_path / "img" / split / label / f"{i:03d}.png").write_bytes(png)
-    bad = tmp_path / "img" / "train" / "b" / "017.png"
+                (root / split / label / f"{i:03d}.png").write_bytes(_PNG)
+    return root / "train" / "b" / "017.png"
+
+
+def test_a_corrupt_image_read_into_memory_is_named(tmp_path):
+    bad = _image_folders(tmp_path / "img")
+    bad.write_bytes(_CORRUPT_PNG)
+    with pytest.raises(UserError, match=f"^--input_mode=resident: reading .* into memory failed: {bad}: .*PNG"):
+        sources.load(Config(dataset=f"images:{tmp_path / 'img'}", input_mode="resident"))
+
+
+def test_a_corrupt_image_met_while_training_is_named(tmp_path):
+    bad = _image_folders(tmp_path / "img")
     message, state = _train_until_damaged(
         tmp_path,
         f"images:{tmp_path / 'img'}",
-        lambda: bad.write_bytes(png[:8] + b"garbage" * 20),  # a PNG signature, then garbage
+        lambda: bad.write_bytes(_CORRUPT_PNG),
         global_batch=16,
         shuffle_buffer=8,
         eval_every=-1,
