@@ -127,9 +127,11 @@ def _train_until_damaged(tmp_path, dataset, damage, **flags):
     model_dir = str(tmp_path / "run")
 
     def when_saved():
-        while not glob.glob(f"{model_dir}/checkpoints/ckpt-*.index"):
+        for _ in range(12_000):  # 2 minutes at most
+            if glob.glob(f"{model_dir}/checkpoints/ckpt-*.index"):
+                damage()
+                return
             threading.Event().wait(0.01)
-        damage()
 
     threading.Thread(target=when_saved, daemon=True).start()
     config = small_config(
