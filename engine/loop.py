@@ -465,6 +465,16 @@ def make_train_loop(strategy, task, global_step: tf.Variable, options: LoopOptio
     return run
 
 
+def _eval_result(totals, names, collected) -> dict:
+    """The eval loop's result from its summed vector [metrics' (total, count)..., examples, non-finite ones]."""
+    return {
+        "totals": _unstacked(totals[:-2], names),
+        "examples": totals[-2],
+        "nonfinite_examples": totals[-1],
+        "collected": collected,
+    }
+
+
 class _CollectsFound(Exception):
     """The first trace of eval_step called self.collect: the loop is traced again with one
     host-side buffer per collected name (nothing ran yet)."""
@@ -479,7 +489,8 @@ def several_workers(strategy) -> bool:
 
 def make_eval_loop(strategy, task, progress=None, run_eagerly=False):
     """eval_loop(distributed_dataset) -> {"totals": {name: (total, count)}, "examples": how many
-    examples the replicas evaluated, "collected": {name: tensor}} over EVERY example of the dataset
+    examples the replicas evaluated, "nonfinite_examples": how many of them hold a NaN or Inf in a
+    floating-point tensor of the batch, "collected": {name: tensor}} over EVERY example of the dataset
     (the engine counts them itself, so a run can check that the whole eval set was seen exactly
     once). "collected" holds what eval_step handed to Task.collect: each step's local replicas'
     rows concatenated in replica order (a batch's examples are split across replicas in order, so
@@ -490,7 +501,7 @@ def make_eval_loop(strategy, task, progress=None, run_eagerly=False):
     task_step = _float32_outputs(task.eval_step, names, "eval_step")
     collects = {}  # name -> (dtype, per-example shape) of what eval_step collects, from its first trace
 
-    def replica_step(batch):  # the metrics' (total, count) then the batch's examples, one vector
+    def replica_step(batch):  # the metrics' (total, count), the batch's examples and its non-finite ones, one vector
         examples = tf.cast(tf.shape(tf.nest.flatten(batch)[0])[0], tf.float32)
         with step_context.collecting() as collected, step_context.evaluating(batch):
             outputs = task_step(batch)
@@ -508,24 +519,24 @@ def make_eval_loop(strategy, task, progress=None, run_eagerly=False):
                 f"eval_step collected {sorted(found)} in one trace and {sorted(collects)} in another; "
                 "collect the same names (dtypes, shapes) in every eval_step"
             )
-        vector = tf.concat([_stacked(outputs, names), [examples]], 0)
+        vector = tf.concat([_stacked(outputs, names), [examples, _nonfinite_examples(batch)]], 0)
         return vector, [collected[name] for name in collects]
 
     def eval_loop(distributed_dataset):
         if collects:
             return collecting_loop(distributed_dataset)
-        totals = tf.zeros([2 * len(names) + 1])
+        totals = tf.zeros([2 * len(names) + 2])
         for batch in distributed_dataset:
             vector, _ = strategy.run(replica_step, args=(batch,))
             totals += _reduce(strategy, vector)
             if progress is not None:
                 progress.assign_add(1)
-        return {"totals": _unstacked(totals[:-1], names), "examples": totals[-1], "collected": {}}
+        return _eval_result(totals, names, {})
 
     def collecting_loop(distributed_dataset):
         """eval_loop with one TensorArray per collected name, in host memory (a `for` over a
         distributed dataset cannot carry TensorArrays: the iterator's optional is looped on instead)."""
-        totals = tf.zeros([2 * len(names) + 1])
+        totals = tf.zeros([2 * len(names) + 2])
         with tf.device("CPU:0"):
             buffers = [
                 tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False, element_shape=[None, *shape])
@@ -547,7 +558,7 @@ def make_eval_loop(strategy, task, progress=None, run_eagerly=False):
             following = iterator.get_next_as_optional()
         with tf.device("CPU:0"):
             collected = {name: buffer.concat() for name, buffer in zip(collects, buffers)}
-        return {"totals": _unstacked(totals[:-1], names), "examples": totals[-1], "collected": collected}
+        return _eval_result(totals, names, collected)
 
     compiled = [compiled_unless_eager(eval_loop, run_eagerly)]
 
@@ -561,6 +572,18 @@ def make_eval_loop(strategy, task, progress=None, run_eagerly=False):
 
     run.experimental_get_tracing_count = lambda: compiled[0].experimental_get_tracing_count()
     return run
+
+
+def _nonfinite_examples(batch) -> tf.Tensor:
+    """How many examples of `batch` hold a NaN or Inf: per floating-point tensor the rows (first
+    axis) with one, the most over its tensors (tensors of a batch need not share their rows)."""
+    counts = [tf.constant(0.0)]
+    for tensor in tf.nest.flatten(batch):
+        if tensor.dtype.is_floating and tensor.shape.rank:
+            finite = tf.math.is_finite(tensor)
+            rows = tf.reduce_all(finite, axis=list(range(1, tensor.shape.rank))) if tensor.shape.rank > 1 else finite
+            counts.append(tf.reduce_sum(1.0 - tf.cast(rows, tf.float32)))
+    return tf.reduce_max(tf.stack(counts))
 
 
 def ratios(totals) -> dict:

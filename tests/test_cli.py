@@ -409,7 +409,12 @@ BAD_INPUTS = [
         ["matches no file"],
         id="tfrecord_glob_matches_nothing",
     ),
-    pytest.param(_corrupt_tfrecord, 2, ["train-00001-of-00002.tfrecord", "corrupt record"], id="tfrecord_corrupt"),
+    pytest.param(
+        _corrupt_tfrecord,
+        2,
+        ["train-00001-of-00002.tfrecord: record 0 (byte 0)", "corrupted record"],
+        id="tfrecord_corrupt",
+    ),
     pytest.param(
         _npz("d.npz", x_test=np.zeros((10, 7), np.float32)),
         2,
@@ -434,7 +439,7 @@ BAD_INPUTS = [
     pytest.param(
         lambda tmp: _image_folders(tmp, corrupt_body=True),
         2,
-        ["input pipeline failed", "PNG", "image_folders"],
+        ["input pipeline failed after step 0", "train/b/001.png: ", "PNG", "no checkpoint yet"],
         id="images_corrupt_file_mid_training",
     ),
     pytest.param(_no_class_folders, 2, ["class folders"], id="images_dir_without_classes"),

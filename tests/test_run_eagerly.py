@@ -16,8 +16,9 @@ from engine.errors import NonFiniteLoss, UserError
 
 TWO_REPLICAS = dict(strategy="mirrored", cpu_replicas=2)
 # 6 steps of 64 in loops of 3, two micro-batches per replica: the engine's sum over micro-batches
-# and replicas runs eagerly too. One evaluation (at the end) of the 300 test examples.
-RUN = dict(model="mlp", grad_accum_steps=2)
+# and replicas runs eagerly too. One evaluation (at the end) of the 300 test examples (no preflight:
+# its evaluation of one batch would print too).
+RUN = dict(model="mlp", grad_accum_steps=2, preflight=False)
 STEPS, BATCH, TEST_EXAMPLES = 6, 64, 300
 
 

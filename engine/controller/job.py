@@ -12,30 +12,31 @@ import tensorflow as tf
 
 from engine import compat
 from engine.controller import error_files
-from engine.data import pipelines, sources
+from engine.data import bad_records, pipelines, sources
 from engine.distribute.cluster import parse_tf_config
 from engine.errors import StepFailed, UserError
 from engine.tasks.registry import load_task_class
+
+
+# The source each running job of this process loaded (load_data), innermost last: a failed
+# input pipeline is named from it (engine/data/bad_records.py).
+_loaded: list = []
 
 
 @contextlib.contextmanager
 def context(config):
     """Around a whole job (training or evaluation): Keras' dtype policy set to --precision for the
     layers built inside (and put back after), and a bad record or file met while reading turned into
-    a one-line UserError naming the source instead of TensorFlow's traceback."""
+    a one-line UserError naming the file, the record and the cause instead of TensorFlow's traceback."""
     previous_policy = keras.mixed_precision.dtype_policy()
     keras.mixed_precision.set_dtype_policy(config.precision)
+    _loaded.append(None)
     try:
         yield
-    except tf.errors.OpError as err:
+    except (tf.errors.OpError, UnicodeDecodeError) as err:
         if not from_input_pipeline(err):
             raise
-        hint = (
-            "; `python -m engine.data.image_folders DIR` lists every bad file"
-            if config.dataset.startswith("images:")
-            else ""
-        )
-        raise UserError(f"--dataset={config.dataset}: the input pipeline failed: {_first_cause(err)}{hint}") from None
+        raise input_failed(err, config) from None
     except StepFailed as err:  # one line on the console, the whole traceback in errors/
         tf_config = os.environ.get("TF_CONFIG")
         written = error_files.write(
@@ -47,22 +48,39 @@ def context(config):
         )
         raise StepFailed(f"{err.message}; the full traceback is in {written}; fix it, then rerun") from None
     finally:
+        _loaded.pop()
         keras.mixed_precision.set_dtype_policy(previous_policy)
 
 
 def from_input_pipeline(err) -> bool:
     """A bad record or file met while reading (decoding, parsing), not a bug in the step."""
-    return isinstance(err, (tf.errors.InvalidArgumentError, tf.errors.DataLossError, tf.errors.NotFoundError)) and (
-        "IteratorGetNext" in str(err) or "MultiDeviceIteratorGetNextFromShard" in str(err)
-    )
+    if bad_records.is_undecodable_message(err):
+        return True
+    # The ops that pull from a pipeline: an iterator's next (training), the eval loop's reduction over a dataset.
+    readers = ("IteratorGetNext", "MultiDeviceIteratorGetNextFromShard", "ReduceDataset")
+    errors = (tf.errors.InvalidArgumentError, tf.errors.DataLossError, tf.errors.NotFoundError)
+    return isinstance(err, errors) and any(op in str(err) for op in readers)
 
 
-def _first_cause(err) -> str:
-    """The line of TensorFlow's message that says what went wrong (not the graph-location lines)."""
-    noise = ("Graph execution error", "Detected at node", "<stack traces unavailable>", "[[")
-    lines = [line.strip() for line in str(err.message).splitlines()]
-    causes = [line for line in lines if line and not line.startswith(noise)]
-    return (causes[0] if causes else lines[0])[:300]
+def input_failed(err, config, step=None, kept: str = "") -> UserError:
+    """The one line of a failed input pipeline: the bad file, its record and the cause, found by
+    reading the source's files again (bad_records.locate); `step`: the last step trained, `kept`:
+    what the run kept (its checkpoint) and how to go on."""
+    source = _loaded[-1] if _loaded else None
+    cause = bad_records.first_cause(err)
+    found = bad_records.locate(source, source.loaded_at) if getattr(source, "streamed", False) else ""
+    if found:
+        what = found
+    elif found is None:
+        what = f"{cause} (every file of the data reads back whole now: a passing read error? rerun to resume)"
+    else:
+        what = cause + (
+            "; `python -m engine.data.image_folders DIR` lists every bad file"
+            if config.dataset.startswith("images:")
+            else ""
+        )
+    after = "" if step is None else f" after step {step}"
+    return UserError(f"--dataset={config.dataset}: the input pipeline failed{after}: {what}{kept}")
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -83,4 +101,6 @@ def load_data(config):
     """(Task class, its data source, training steps per epoch at `config.global_batch`)."""
     task_class = load_task_class(config.task)
     data = sources.load_for_task(config, task_class)
+    if _loaded:
+        _loaded[-1] = data
     return task_class, data, pipelines.steps_per_epoch(data, config.global_batch)

@@ -53,9 +53,15 @@ def train(config, out=None) -> RunResult:
     out = out or sys.stdout
     # --precision's dtype policy; bad input records -> one line; one training run per --model_dir
     with job.context(config), run_lock.held(config, out):
+        trainer = None
         try:
-            return Trainer(build_run(config, out)).run()
-        except (tf.errors.OpError, OSError) as err:
+            trainer = Trainer(build_run(config, out))
+            return trainer.run()
+        except (tf.errors.OpError, OSError, UnicodeDecodeError) as err:
+            if trainer is not None and job.from_input_pipeline(err):  # a bad record mid-run: what is kept
+                raise job.input_failed(err, config, trainer.step, trainer.kept()) from None
+            if isinstance(err, UnicodeDecodeError):
+                raise
             failure = _write_failure(err, config)
             if failure is not None:
                 raise failure from None
@@ -142,6 +148,16 @@ class Trainer:
                         raise
             built.state.checkpointer.close()
         return self._result()
+
+    def kept(self) -> str:
+        """What a run that fails now keeps, and how to go on (nothing after the last checkpoint is claimed)."""
+        if self.checkpoint_path is None and self.saved_step == 0:
+            return "; nothing was saved (no checkpoint yet): fix the file, then rerun"
+        return (
+            f"; nothing was saved after step {self.saved_step}"
+            + (f": {self.checkpoint_path} is intact" if self.checkpoint_path else "")
+            + "; fix or replace the file, then rerun the same command to resume"
+        )
 
     def _train(self) -> None:
         """Compiled loops until the last step, a stop request or a signal."""

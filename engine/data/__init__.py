@@ -1,7 +1,7 @@
 """Data: where examples come from and how they reach the replicas.
 
-Imports run one way (no cycles; tests/test_import_graph.py checks): formats, spec, readers are
-leaves; arrays, streams, task_data build on them (resident on arrays, into_memory on both); the
+Imports run one way (no cycles; tests/test_import_graph.py checks): formats, spec, readers,
+bad_records are leaves; arrays, streams, task_data build on them (resident on arrays, into_memory on both); the
 source modules build on those; sources.py dispatches `--dataset` to them; pipelines.py
 distributes what a source gives. Nothing here imports the Task: the controller hands the Task's
 augmentation to the pipeline.
@@ -11,6 +11,7 @@ augmentation to the pipeline.
   readers.py        file formats (IDX, Keras' mnist.npz), pure NumPy
   arrays.py         ArraySource: a data set in memory, its seeded index-batch pipelines
   resident.py       --input_mode=resident: in-memory arrays on the devices, gathered in the loop
+  bad_records.py    naming a bad record after a pipeline failed: file, offset, cause
   streams.py        StreamSource: files streamed per worker (sharding, shuffle buffer, exact skip)
   builtin.py        --dataset=mnist | fashion_mnist | synthetic, and npz:PATH
   tfrecord.py       --dataset=tfrecord:TRAIN_GLOB[,TEST_GLOB] (and the npz -> shards writer)

@@ -43,7 +43,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from engine.data import streams
+from engine.data import bad_records, streams
 from engine.data.formats import parse_shape
 from engine.data.spec import DataSpec
 from engine.errors import UserError
@@ -247,6 +247,14 @@ def load(directory: str, config) -> streams.StreamSource:
         def decode(path, label):
             return to_image(path, tf.io.read_file(path)), label
 
+    def check(path, label):  # one file decoded as training decodes it (engine/data/bad_records.py)
+        path = path.decode() if isinstance(path, bytes) else str(path)
+        try:
+            to_image(tf.constant(path), tf.io.read_file(path))
+        except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError, UnicodeDecodeError) as err:
+            return f"{path}: {bad_records.first_cause(err)}"
+        return None
+
     train_units, test_units = _units(train, class_ids), _units(test, class_ids)
     # Served raw: the decoded uint8 image, which normalise_features maps as decode does; resized
     # images have no raw tensor form of one shape (the resize works on the file's own size).
@@ -264,6 +272,7 @@ def load(directory: str, config) -> streams.StreamSource:
         num_test=streams.check_not_empty(where, "test", len(test_units[0])),
         shuffle_buffer=config.shuffle_buffer,
         cache=config.cache,
+        check=check,
     )
 
 

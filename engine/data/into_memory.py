@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from engine.data import bad_records
 from engine.data.arrays import MAX_IN_MEMORY_BYTES, ArraySource
 from engine.errors import UserError
 
@@ -50,7 +51,7 @@ def _read_split(source, split: str) -> tuple[np.ndarray, np.ndarray]:
 
 def read_whole(source) -> ArraySource:
     """`source` (a StreamSource) read into memory; a UserError before reading anything when the
-    data would exceed the in-memory limit."""
+    data would exceed the in-memory limit, and one naming the file when a record does not decode."""
     size = (source.num_train + source.num_test) * _example_bytes(source.spec)
     if size > MAX_IN_MEMORY_BYTES:
         raise UserError(
@@ -58,8 +59,19 @@ def read_whole(source) -> ArraySource:
             f"examples, {size / 2**30:.1f} GiB in memory, over the {MAX_IN_MEMORY_BYTES / 2**30:.0f} GiB "
             "limit of in-memory data; drop --input_mode to stream it"
         )
-    x_train, y_train = _read_split(source, "train")
-    x_test, y_test = _read_split(source, "test")
+    try:
+        x_train, y_train = _read_split(source, "train")
+        x_test, y_test = _read_split(source, "test")
+    except (
+        tf.errors.InvalidArgumentError,
+        tf.errors.DataLossError,
+        tf.errors.NotFoundError,
+        UnicodeDecodeError,
+    ) as err:
+        found = bad_records.locate(source, source.loaded_at)  # the bad file by name, as a streamed run names it
+        raise UserError(
+            f"--input_mode=resident: reading {source.where} into memory failed: {found or bad_records.first_cause(err)}"
+        ) from None
     return ArraySource(
         source.name,
         f"{source.where}, read into memory (--input_mode=resident)",

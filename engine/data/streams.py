@@ -32,6 +32,8 @@ shuffling their bytes again (docs/data.md has the measured seconds).
 
 from __future__ import annotations
 
+import time
+
 import tensorflow as tf
 
 from engine.data.formats import augment_each, with_options
@@ -71,14 +73,18 @@ class StreamSource:
         shuffle_buffer=DEFAULT_SHUFFLE_BUFFER,
         cache=False,
         decode_batch=None,
+        check=None,
     ):
         """`decode_batch(records) -> (features, labels)`: optional, `decode` over a batch of records
-        (a 1-D tensor of them) in one call, giving exactly what per-record decoding gives."""
+        (a 1-D tensor of them) in one call, giving exactly what per-record decoding gives.
+        `check(*unit) -> 'FILE: where: cause' or None`: optional, reads one unit again off the
+        training path to name a bad record after the pipeline failed (engine/data/bad_records.py)."""
         self.name, self.where, self.spec = name, where, spec
         self.train_units, self.test_units = train_units, test_units
         self.read, self.decode, self.decode_batch = read, decode, decode_batch
         self.num_train, self.num_test = num_train, num_test
         self.shuffle_buffer, self.cache = shuffle_buffer, cache
+        self.check, self.loaded_at = check, time.time()  # files modified after loaded_at are checked first
 
     @staticmethod
     def _policy(units, pipelines: int) -> str:

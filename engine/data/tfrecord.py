@@ -16,6 +16,7 @@ Write shards from arrays (any `npz:` file with x_train, y_train, x_test, y_test)
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 
 import numpy as np
@@ -23,7 +24,7 @@ import tensorflow as tf
 
 from tensorflow.core.framework import tensor_pb2
 
-from engine.data import image_folders, streams
+from engine.data import bad_records, image_folders, streams
 from engine.data.formats import check_example_pair, normalise_features, normalise_labels
 from engine.data.spec import DataSpec
 from engine.errors import UserError
@@ -46,7 +47,7 @@ def _first_example(path: str) -> tf.train.Example:
 
 
 def _default_schema(path: str, image_size: str = ""):
-    """(decode, decode_batch, label feature, raw features spec) of the default schema, from the first
+    """(decode, decode_batch, features spec, raw features spec) of the default schema, from the first
     record of `path`: decode parses one record, decode_batch a batch of them at once (one
     parse_example; serialized tensors sliced out of the batch's bytes without a per-record call);
     the raw spec (one example before normalisation) is None for resized images."""
@@ -103,7 +104,7 @@ def _default_schema(path: str, image_size: str = ""):
         parsed = tf.io.parse_example(serialized, spec)
         return normalise_features(to_features_batch(parsed[key]), on_cpu=True), normalise_labels(parsed["label"])
 
-    return decode, decode_batch, spec["label"], raw
+    return decode, decode_batch, spec, raw
 
 
 def _serialized_tensors_decoder(path, first: bytes, proto, dtype, shape, to_features):
@@ -140,25 +141,105 @@ def _one_by_one(to_features, shape, dtype):
 _RAW_DTYPES = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16, tf.float32, tf.float64)
 
 
-def _scan(files, label_feature=None) -> tuple:
+_SCAN_BATCH = 4096  # records read and parsed at a time by the start-up check
+_READ_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError)
+
+
+def _scan(files, spec=None) -> tuple:
     """(records, lowest label, highest label) over `files` in ONE pass that reads each record's bytes
-    and, with `label_feature`, parses only its integer label (None, None without); a corrupt record
-    names its file."""
+    and, with `spec` (the default schema's features), parses them (the label range only for integer
+    labels; None, None without); the first bad record is a UserError naming its file, index, byte
+    offset and cause."""
     count, low, high = 0, None, None
     for path in files:
-        dataset = tf.data.TFRecordDataset(path).batch(4096)
-        if label_feature is not None:
-            dataset = dataset.map(lambda s: tf.io.parse_example(s, {"label": label_feature})["label"])
-        try:
-            for batch in dataset:
-                batch = batch.numpy()
-                count += len(batch)
-                if label_feature is not None and batch.size:
-                    low = int(batch.min()) if low is None else min(low, int(batch.min()))
-                    high = int(batch.max()) if high is None else max(high, int(batch.max()))
-        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
-            raise UserError(f"{path}: corrupt record ({err.message.splitlines()[0][:160]})") from None
+        problem, records, labels = scan_file(path, spec)
+        if problem:
+            raise UserError(problem)
+        count += records
+        if labels is not None:
+            low = labels[0] if low is None else min(low, labels[0])
+            high = labels[1] if high is None else max(high, labels[1])
     return count, low, high
+
+
+def scan_file(path, spec=None, decode_batch=None) -> tuple:
+    """(problem or None, records, (lowest, highest) integer label or None) of one file: every record
+    read (its framing and CRCs checked) and, with `spec`, parsed, with `decode_batch` also decoded
+    as training decodes it, `_SCAN_BATCH` at a time; a problem is 'FILE: record N (byte B): cause'.
+    Nothing per record unless a batch fails."""
+    path = path.decode() if isinstance(path, bytes) else str(path)
+    integer = spec is not None and spec["label"].dtype == tf.int64
+    count, offset, low, high = 0, 0, None, None
+    batches = iter(tf.data.TFRecordDataset(path).batch(_SCAN_BATCH))
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return None, count, None if low is None else (low, high)
+        except _READ_ERRORS + (UnicodeDecodeError,) as err:
+            return _unreadable(path, count, offset, err), count, None
+        lengths = tf.strings.length(batch).numpy() + bad_records.RECORD_OVERHEAD
+        if spec is not None:
+            try:
+                labels = tf.io.parse_example(batch, spec)["label"].numpy()
+            except (tf.errors.InvalidArgumentError, UnicodeDecodeError):
+                parse = functools.partial(tf.io.parse_example, features=spec)
+                return _first_failing(path, batch, count, offset, lengths, parse), count, None
+            if integer and labels.size:
+                low = int(labels.min()) if low is None else min(low, int(labels.min()))
+                high = int(labels.max()) if high is None else max(high, int(labels.max()))
+        if decode_batch is not None:
+            try:
+                decode_batch(batch)
+            except (tf.errors.InvalidArgumentError, UnicodeDecodeError):
+                return _first_failing(path, batch, count, offset, lengths, decode_batch), count, None
+        count, offset = count + len(lengths), offset + int(lengths.sum())
+    return None
+
+
+def _unreadable(path, start: int, offset: int, err) -> str:
+    """The record at or after `start` (byte `offset`) that could not be read: its index and the byte
+    where it starts counted one record at a time (TensorFlow's "corrupted record at B" names its data's byte)."""
+    index = start
+    try:
+        for record in tf.data.TFRecordDataset(path).skip(start):
+            offset += len(record.numpy()) + bad_records.RECORD_OVERHEAD
+            index += 1
+    except _READ_ERRORS + (UnicodeDecodeError,) as again:
+        err = again
+    return f"{path}: record {index} (byte {offset}): {bad_records.first_cause(err)}"
+
+
+def _first_failing(path, batch, start: int, offset: int, lengths, run) -> str:
+    """The first record of `batch` (records `start`... of `path`, from byte `offset`) on which `run`
+    (a function of a batch of records) fails, tried one record at a time."""
+    for i, record in enumerate(batch):
+        try:
+            run(record[None])
+        except (tf.errors.InvalidArgumentError, UnicodeDecodeError) as err:
+            where = offset + int(lengths[:i].sum())
+            return f"{path}: record {start + i} (byte {where}): {bad_records.first_cause(err)}"
+    return f"{path}: records {start}-{start + len(lengths) - 1} (from byte {offset}) fail together, not one by one"
+
+
+def _decode_checker(decode):
+    """check(path) for a Task's parse_example: each record decoded (the error path only: per record)."""
+
+    def check(path):
+        path = path.decode() if isinstance(path, bytes) else str(path)
+        problem, _, _ = scan_file(path)
+        if problem:
+            return problem
+        offset = 0
+        for index, record in enumerate(tf.data.TFRecordDataset(path)):
+            try:
+                decode(record)
+            except (tf.errors.InvalidArgumentError, UnicodeDecodeError) as err:
+                return f"{path}: record {index} (byte {offset}): {bad_records.first_cause(err)}"
+            offset += len(record.numpy()) + bad_records.RECORD_OVERHEAD
+        return None
+
+    return check
 
 
 def load(argument: str, config, parse_example=None) -> streams.StreamSource:
@@ -168,7 +249,7 @@ def load(argument: str, config, parse_example=None) -> streams.StreamSource:
     test_files = _files(test_glob, "test") if test_glob else train_files
     where = f"TFRecords {train_glob}" + (f" (test {test_glob})" if test_glob else " (also the test split)")
     num_classes = config.num_classes or None
-    label_feature = raw = decode_batch = None  # a Task's parse_example: its raw form is the Task's own
+    features = raw = decode_batch = None  # a Task's parse_example: its raw form is the Task's own
     if parse_example is not None:
         if config.image_size:
             raise UserError(
@@ -176,14 +257,17 @@ def load(argument: str, config, parse_example=None) -> streams.StreamSource:
                 "resize there, or drop --image_size"
             )
         decode = parse_example
+        check = _decode_checker(parse_example)
     else:
-        decode, decode_batch, label_feature, raw = _default_schema(train_files[0], config.image_size)
-        if label_feature.dtype != tf.int64:
-            label_feature = None  # float targets: nothing to range-check
-    train_scan = _scan(train_files, label_feature)
-    test_scan = _scan(test_files, label_feature) if test_glob else train_scan
+        decode, decode_batch, features, raw = _default_schema(train_files[0], config.image_size)
+
+        def check(path):
+            return scan_file(path, features, decode_batch)[0]
+
+    train_scan = _scan(train_files, features)
+    test_scan = _scan(test_files, features) if test_glob else train_scan
     num_train, num_test = train_scan[0], test_scan[0]
-    if label_feature is not None and num_train and num_test:
+    if train_scan[1] is not None and test_scan[1] is not None:  # integer labels
         num_classes = num_classes or max(train_scan[2], test_scan[2]) + 1
         for split, (_, low, high) in zip(("train", "test"), (train_scan, test_scan)):
             if low < 0 or high >= num_classes:
@@ -209,6 +293,7 @@ def load(argument: str, config, parse_example=None) -> streams.StreamSource:
         num_test=streams.check_not_empty(where, "test", num_test),
         shuffle_buffer=config.shuffle_buffer,
         cache=config.cache,
+        check=check,
     )
 
 

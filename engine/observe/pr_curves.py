@@ -16,11 +16,11 @@ _MINIMUM_COUNT = 1e-7  # the plugin's own guard against 0 / 0
 
 
 def curve(is_positive, scores, num_thresholds: int = NUM_THRESHOLDS) -> np.ndarray:
-    """(6, num_thresholds) float32: TP, FP, TN, FN, precision, recall at each threshold."""
+    """(6, num_thresholds) float32: TP, FP, TN, FN, precision, recall at each threshold. A NaN score
+    (an example with non-finite inputs, which the evaluation's warning line names) counts as 0."""
     is_positive = np.asarray(is_positive, bool)
-    buckets = np.clip(np.floor(np.asarray(scores, np.float64) * (num_thresholds - 1)), 0, num_thresholds - 1).astype(
-        np.int64
-    )
+    scores = np.nan_to_num(np.asarray(scores, np.float64), nan=0.0)
+    buckets = np.clip(np.floor(scores * (num_thresholds - 1)), 0, num_thresholds - 1).astype(np.int64)
 
     def at_or_above(mask):  # examples of `mask` whose score reaches each threshold
         return np.cumsum(np.bincount(buckets[mask], minlength=num_thresholds)[::-1])[::-1].astype(np.float64)
