@@ -11,6 +11,7 @@ from engine.distribute.cluster import Cluster, parse_tf_config
 from engine.config import STRATEGIES
 from engine.errors import UserError
 from engine.distribute.watchdog import rendezvous
+from engine import startup_signals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,10 +94,11 @@ def _multi_worker(collective_timeout: float, gpus: list) -> Placement:
     # until it can start no more ("Resource temporarily unavailable"; docs/strategies.md has the
     # run that died). A lost worker is still an error after --collective_timeout: the rendezvous
     # bounds the start, the PeerWatchdog (and TensorFlow's own heartbeat) the run.
-    rendezvous(cluster, collective_timeout)
+    rendezvous(cluster, collective_timeout, check=startup_signals.check)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions()
     )
+    startup_signals.reclaim()  # TensorFlow's coordination agent took SIGTERM for a notifier of its own
     return Placement(
         strategy,
         "multi_worker_mirrored",
