@@ -92,11 +92,11 @@ CODES = (
     STORAGE_FAILED,
     NON_FINITE,
     PREEMPTED,
-    STOPPED_AT_STARTUP,
     PEER_LOST,
     STALLED,
     COLLECTIVE_FAILED,
     CLUSTER_NOT_FORMED,
+    STOPPED_AT_STARTUP,
 )
 RETRYABLE = tuple(c.code for c in CODES if c.retryable)
 PERMANENT = tuple(c.code for c in CODES if not c.retryable and c.code)
