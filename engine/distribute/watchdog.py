@@ -102,8 +102,8 @@ def rendezvous(cluster, timeout: float, check=None) -> None:
     MultiWorkerMirroredStrategy's constructor waits for every worker with no bound of its own and
     holding the GIL (no Python thread or signal handler runs), and it takes any program that
     accepts a connection on a peer's port for that peer. So the workers meet here first: each
-    listens on its own port (the strategy's server takes it right after) and answers a connection
-    that sends this run's handshake line (HANDSHAKE, run_token, its task) with its own; a worker
+    listens on its own port (the strategy's server takes it right after) and answers a handshake
+    line (HANDSHAKE, run_token, the sender's task) with its own; a worker
     counts a peer as met once one exchange went through, either way round (the side that answers
     sends its line before it counts the other, so the asker has it whatever happens next). After
     `timeout` seconds it names, in one line, the workers never met and the addresses where
@@ -127,14 +127,15 @@ def rendezvous(cluster, timeout: float, check=None) -> None:
     def answer(connection):
         with connection:
             parsed = _parse(_read_line(connection, 1.0))
-            if parsed is None or parsed[0] != token or parsed[1] not in peers:
-                return  # not a worker of this run (or a port scan): no answer
+            if parsed is None:
+                return  # no engine worker (a port scan, say): no answer
             try:
-                connection.sendall(_line(token, me))
+                connection.sendall(_line(token, me))  # another run's worker learns that it is one
             except OSError:
                 return
-            with lock:
-                met.add(parsed[1])
+            if parsed[0] == token and parsed[1] in peers:
+                with lock:
+                    met.add(parsed[1])
 
     def accept():
         listener.settimeout(0.2)
