@@ -191,3 +191,50 @@ def test_sigterm_to_the_launcher_during_start_up_ends_every_worker_cleanly(tmp_p
     assert "exited with code 143" not in output and "exited with code 150" not in output, output[-3000:]
     assert "Traceback" not in output
     assert output.strip().splitlines()[-1].startswith("launcher: exit 154"), output[-3000:]
+
+
+@pytest.mark.cluster
+def test_a_leader_gone_after_the_rendezvous_ends_the_registration_within_the_timeout(tmp_path):
+    """Worker 0 (the leader) answers the rendezvous, then never starts TensorFlow's server: worker
+    1's registration with it gives up after --collective_timeout (TensorFlow's own default: an hour)."""
+    tf_configs = [json.loads(raw) for raw in worker_tf_configs(2)]
+    leader = Cluster(tf_configs[0]["cluster"], "worker", 0)
+    errors = []
+    threading.Thread(target=_run, args=(leader, 120.0, errors), daemon=True).start()  # leaves once it met worker 1
+    started = time.monotonic()
+    with start_cli(
+        "--strategy=multi_worker_mirrored",
+        *ARGS,
+        "--collective_timeout=5",
+        f"--model_dir={tmp_path}",
+        env={"TF_CONFIG": json.dumps(tf_configs[1])},
+        merge_stderr=False,
+    ) as worker:
+        worker.wait(timeout=120)
+    elapsed = time.monotonic() - started
+    assert errors == [None]  # the leader met worker 1
+    assert worker.returncode == exit_codes.CLUSTER_NOT_FORMED.code, worker.output[-3000:]
+    last = worker.stderr.strip().splitlines()[-1]
+    assert "TensorFlow's registration with the leader worker:0 at" in last and "timed out" in last, last
+    assert "Traceback" not in worker.stderr
+    assert elapsed < 90, elapsed
+
+
+def test_the_first_start_up_signal_raises_and_a_second_one_gets_the_default_action():
+    from engine import startup_signals
+    from engine.errors import StoppedAtStartup
+
+    previous = {signum: signal.getsignal(signum) for signum in startup_signals.SIGNALS}
+    try:
+        startup_signals.install()
+        startup_signals.raise_from_now_on()
+        with pytest.raises(StoppedAtStartup, match="^SIGINT during start-up, before training had state to save"):
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(1)  # the handler runs at the next bytecode: it never gets here
+        assert all(signal.getsignal(signum) is signal.SIG_DFL for signum in startup_signals.SIGNALS)
+        with pytest.raises(StoppedAtStartup):  # swallowed on its way out: the next check raises it again
+            startup_signals.check()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        startup_signals.reset()
