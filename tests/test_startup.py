@@ -63,7 +63,6 @@ def _run(cluster, timeout, errors):
         errors.append(str(err))
 
 
-@pytest.mark.fast
 def test_the_rendezvous_names_foreign_listeners_and_only_the_workers_never_met():
     silent, talker = _Foreign(), _Foreign(b"HTTP/1.1 400 Bad Request\r\n\r\n")
     try:
@@ -220,6 +219,7 @@ def test_a_leader_gone_after_the_rendezvous_ends_the_registration_within_the_tim
     assert elapsed < 90, elapsed
 
 
+@pytest.mark.fast
 def test_the_first_start_up_signal_raises_and_a_second_one_gets_the_default_action():
     from engine import startup_signals
     from engine.errors import StoppedAtStartup
