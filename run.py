@@ -19,6 +19,10 @@ from __future__ import annotations
 import os
 import sys
 
+from engine import startup_signals  # noqa: E402  (plain Python: no TensorFlow, no absl)
+
+startup_signals.install()  # SIGTERM/SIGINT at any moment of start-up: a clean exit (engine/startup_signals.py)
+
 if not os.environ.get("TF_CPP_MIN_LOG_LEVEL"):  # keep TensorFlow's C++ chatter out of the log
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # (start-up lines: engine/observe/startup_noise.py)
 
@@ -47,6 +51,7 @@ def main(argv) -> int:
     from engine.errors import StopRun
 
     try:
+        startup_signals.raise_from_now_on()
         config = engine_flags.config_from_flags()
         _cluster_from_environment(config)
         from engine.observe.startup_noise import import_tensorflow
@@ -69,6 +74,8 @@ def main(argv) -> int:
         if config.mode != "train":
             from engine.controller.evaluator import evaluate
 
+            startup_signals.check()
+            startup_signals.handover()  # an evaluation ends by a signal's default action, as before
             evaluate(config)
             return 0
         from engine.controller.trainer import train

@@ -27,6 +27,7 @@ Around it:
                checkpoints, run record, best checkpoint
   config.py, errors.py   the frozen run configuration and the errors a run stops with
   exit_codes.py  the one table of exit codes: permanent ones small, the ones a restart cures >= 128
+  startup_signals.py  SIGTERM/SIGINT from run.py's first lines until training runs: a clean exit (154)
   refused_combinations.py  the flag combinations refused before training, one line each
   user_code.py  imports `package.module:NAME` / `path/file.py:NAME` for --task and --model
   compat.py     every private TensorFlow/Keras API the engine touches, one named function each

@@ -13,6 +13,7 @@ release" in docs/install.md). The touches:
   wrap_seed_generator_next       `SeedGenerator.next` shadowed on the instance (engine/randomness.py)
   disable_op_determinism         `tensorflow.python.framework.config` (engine/controller/job.py)
   coordination_key_value_store   `tensorflow.python.eager.context.context()` (engine/distribute/stall.py)
+  bound_cluster_registration     `context.context().configure_coordination_service` (engine/distribute/strategy.py)
   optimizer_learning_rate        Keras optimizer `_learning_rate` (engine/optimizers.py)
   is_trackable                   `tf.__internal__.tracking.Trackable` (engine/task_state.py)
   checkpoint_object_graph        a checkpoint's `_CHECKPOINTABLE_OBJECT_GRAPH` proto (engine/task_state.py)
@@ -118,6 +119,28 @@ def coordination_key_value_store():
     from tensorflow.python.eager import context
 
     return context.context()
+
+
+def bound_cluster_registration(jobs: dict, seconds: float) -> bool:
+    """Configures TensorFlow's coordination service as MultiWorkerMirroredStrategy's constructor
+    would (`context.context().configure_coordination_service`: standalone, led by the chief, else
+    worker 0, coordinating the chief and worker jobs), plus `cluster_register_timeout_in_ms`, so a
+    worker's registration with the leader gives up after `seconds` (DeadlineExceededError) instead
+    of TensorFlow's default hour. The constructor keeps a configuration it finds. False when one
+    was there already (nothing changed)."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.eager import context
+
+    if context.context().coordination_service is not None:
+        return False
+    names = [name for name in ("chief", "worker") if name in jobs]
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=f"/job:{names[0]}/replica:0/task:0",
+        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name=n, num_tasks=len(jobs[n])) for n in names],
+        cluster_register_timeout_in_ms=int(seconds * 1000),
+    )
+    return True
 
 
 def optimizer_learning_rate(optimizer):

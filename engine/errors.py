@@ -62,6 +62,13 @@ class Preempted(StopRun):
     prefix = "preempted"
 
 
+class StoppedAtStartup(StopRun):
+    """SIGTERM/SIGINT before training had state to save (engine/startup_signals.py): nothing lost; rerun."""
+
+    exit_code = exit_codes.STOPPED_AT_STARTUP.code
+    prefix = "stopped"
+
+
 class NonFiniteLoss(StopRun):
     """A NaN/Inf loss or gradient with --on_nonfinite=stop; the last good checkpoint is kept."""
 

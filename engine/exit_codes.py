@@ -60,6 +60,12 @@ PREEMPTED = ExitCode(
     "SIGTERM or SIGINT (on any worker): every worker saved a checkpoint of the same step; rerun to resume",
     True,
 )
+STOPPED_AT_STARTUP = ExitCode(
+    154,
+    "stopped_at_startup",
+    "SIGTERM or SIGINT during start-up, before training had state to save: nothing was written or lost; rerun to start",
+    True,
+)
 PEER_LOST = ExitCode(150, "peer_lost", "a worker of the cluster died or became unreachable while training", True)
 STALLED = ExitCode(
     151,
@@ -72,7 +78,11 @@ COLLECTIVE_FAILED = ExitCode(
     152, "collective_failed", "a collective operation failed or timed out (--collective_timeout)", True
 )
 CLUSTER_NOT_FORMED = ExitCode(
-    153, "cluster_not_formed", "not every worker of TF_CONFIG answered within --collective_timeout at start-up", True
+    153,
+    "cluster_not_formed",
+    "not every worker of TF_CONFIG answered this run's handshake within --collective_timeout at "
+    "start-up (missing, or another program holds its port: the line names the address)",
+    True,
 )
 
 CODES = (
@@ -86,6 +96,7 @@ CODES = (
     STALLED,
     COLLECTIVE_FAILED,
     CLUSTER_NOT_FORMED,
+    STOPPED_AT_STARTUP,
 )
 RETRYABLE = tuple(c.code for c in CODES if c.retryable)
 PERMANENT = tuple(c.code for c in CODES if not c.retryable and c.code)

@@ -37,6 +37,7 @@ TASKS_EQUIVALENCE = os.path.join(REPO, "tests", "tasks_equivalence.py")  # N rep
 TASKS_FAULTS = os.path.join(REPO, "tests", "tasks_faults.py")  # a worker fails, hangs, dies or slows down
 TASKS_NONFINITE = os.path.join(REPO, "tests", "tasks_nonfinite.py")  # NaN/Inf on one replica at one step
 TASKS_REFUSED = os.path.join(REPO, "tests", "tasks_refused.py")  # user-code mistakes refused or ended in one line
+TASKS_STARTUP = os.path.join(REPO, "tests", "tasks_startup.py")  # a start-up slow enough to signal
 TASKS_STATE = os.path.join(REPO, "tests", "tasks_state.py")  # extra models, optimizers, host state, collectives
 TASKS_EAGER = os.path.join(REPO, "tests", "tasks_eager.py")  # steps that print and read .numpy() (--run_eagerly)
 NO_DROPOUT = f"{TASKS_EQUIVALENCE}:CnnBnNoDropoutTask"  # cnn_bn, dropout 0, BN momentum 0.5

@@ -9,6 +9,8 @@ import ast
 import inspect
 import pathlib
 import re
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -195,6 +197,27 @@ def test_coordination_service_key_value_calls():
     # One process, no cluster: the call reaches the coordination agent, which is not running.
     with pytest.raises(tf.errors.FailedPreconditionError, match="[Cc]oordination service"):
         store.set_config_key_value("ctl_engine_compat_test", "1")
+
+
+# ---- bound_cluster_registration: `context.context().configure_coordination_service` ----
+
+
+def test_bound_cluster_registration_configures_what_the_strategy_would_plus_the_timeout():
+    code = (
+        "from engine import compat\n"
+        "from tensorflow.python.eager import context\n"
+        "jobs = {'worker': ['127.0.0.1:1', '127.0.0.1:2'], 'chief': ['127.0.0.1:3']}\n"
+        "assert compat.bound_cluster_registration(jobs, 7.5)\n"
+        "assert not compat.bound_cluster_registration(jobs, 1.0)\n"
+        "c = context.context().coordination_service\n"
+        "print(c.service_type, c.service_leader, c.cluster_register_timeout_in_ms,"
+        " [(j.name, j.num_tasks) for j in c.coordinated_job_list])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, _gone("bound_cluster_registration", done.stderr.strip().splitlines()[-1:])
+    assert done.stdout.split("\n")[-2] == (
+        "standalone /job:chief/replica:0/task:0 7500 [('chief', 1), ('worker', 2)]"
+    ), done.stdout
 
 
 # ---- optimizer_learning_rate: Keras optimizer `_learning_rate` ----

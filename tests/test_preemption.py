@@ -107,6 +107,10 @@ def test_sigterm_to_the_launcher_stops_every_worker_at_one_step_and_resumes(tmp_
     lines = output.splitlines()
     stops = sorted({line.split(" at step ")[1].split(":")[0] for line in lines if "preempted: SIGTERM at step" in line})
     assert len(stops) == 1, output[-3000:]  # both workers stopped at the same step
+    chief_checkpoint = os.path.join(str(tmp_path), "checkpoints", f"ckpt-{stops[0]}")
+    for worker in (0, 1):  # the non-chief too names the chief's checkpoint (it saved into a temporary one)
+        preempted = next(line for line in lines if line.startswith(f"[worker {worker}] preempted: "))
+        assert f"checkpoint {chief_checkpoint};" in preempted, preempted
     rerun = run_cli(*args, timeout=240)
     assert rerun.returncode == 0, rerun.stdout[-3000:]
     assert f"(resuming at step {stops[0]})" in rerun.stdout

@@ -24,12 +24,13 @@ import time
 import numpy as np
 import pytest
 
-from helpers import REPO, TASKS_FAULTS, checkpoint_state, exported_by_name, run_cli, trained_by_name
+from helpers import REPO, TASKS_FAULTS, TASKS_STARTUP, checkpoint_state, exported_by_name, run_cli, trained_by_name
 from engine import exit_codes
 from engine.distribute import slurm
 from engine.distribute.cluster import parse_tf_config
 from engine.distribute.launch import free_ports
 from engine.errors import UserError
+from tasks_startup import BUILDING
 
 SBATCH = os.path.join(REPO, "deploy", "slurm.sbatch")
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -569,3 +570,30 @@ def test_scancel_stops_both_tasks_with_138_and_the_requeued_job_resumes_exactly(
     resumed_weights, straight = exported_by_name(model_dir), undisturbed[1]
     assert resumed_weights.keys() == straight.keys()
     assert all(np.array_equal(resumed_weights[n], straight[n]) for n in straight)  # bitwise
+
+
+@pytest.mark.cluster
+def test_scancel_during_start_up_ends_both_tasks_with_154_none_by_the_default_action(slurm_cluster, tmp_path):
+    """Both tasks past TensorFlow's rendezvous, building their model, nothing saved yet: scancel's
+    SIGTERM ends each with 154 (it killed one by the default action, 143, and the other exited 150)."""
+    log = tmp_path / "start.out"
+    flags = [f for f in FLAGS if not f.startswith("--task=")] + [f"--task={TASKS_STARTUP}:SlowBuildTask"]
+    job = slurm_cluster.run(
+        "sbatch",
+        "--parsable",
+        "--nodes=1",
+        "--ntasks-per-node=2",
+        f"--output={log}",
+        f"--chdir={REPO}",
+        SBATCH,
+        *flags,
+        f"--model_dir={tmp_path / 'run'}",
+    ).stdout.strip()
+    _wait_for(lambda: _read(log).count(BUILDING) == 2, 150, "both tasks building their model", log)
+    slurm_cluster.run("scancel", job)
+    slurm_cluster.wait_gone(job, 90)
+    output = _read(log)
+    codes = exit_codes.STOPPED_AT_STARTUP.code
+    assert _task_exit_codes(output) == {0: codes, 1: codes}, output[-4000:]
+    assert output.count("stopped: SIGTERM during start-up, before training had state to save") == 2, output[-4000:]
+    assert "Traceback" not in output

@@ -296,7 +296,9 @@ class Checkpointer:
             )
 
     def save(self, step: int) -> str:
-        return self.manager.save(checkpoint_number=step)
+        """Saves (every worker); returns the chief's checkpoint of this step, the one a resume reads."""
+        path = self.manager.save(checkpoint_number=step)
+        return path if self.is_chief else os.path.join(self.real_dir, os.path.basename(path))
 
     def close(self) -> None:
         if self._temp_dir is not None:

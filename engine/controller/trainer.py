@@ -315,8 +315,8 @@ class Trainer:
                 saved_in=directory,
             ) from None
         self.saved_step = self.step
+        self.checkpoint_path = path  # the chief's checkpoint of this step, on every worker
         if built.placement.is_chief:
-            self.checkpoint_path = path
             for line in built.state.untracked_warnings():
                 built.progress.message(line)
 

@@ -132,6 +132,34 @@ def _launch_once(num_workers: int, args: list, script: str, out, evaluator: bool
     exits = queue.Queue()
     processes, relays = [], []
     out.write(f"launching {num_workers} local workers" + (" and an evaluator" if evaluator else "") + " on 127.0.0.1\n")
+    exit_code, evaluator_code, interrupted = 0, 0, False
+    # From before the first worker starts (run.py's start-up handlers would end only this process):
+    # SIGTERM and Ctrl-C stop every worker started so far.
+    previous = {
+        signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_terminated),
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+    }
+    try:
+        _start(num_workers, args, script, out, evaluator, restarts, lock, exits, processes, relays)
+        exit_code, evaluator_code = _wait(num_workers, out, lock, exits, processes)
+    except (KeyboardInterrupt, _Terminated) as stop:
+        sig = signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT
+        with lock:
+            out.write(f"launcher: {signal.Signals(sig).name}; stopping all workers\n")
+        _stop(processes, sig, grace=PREEMPTION_GRACE_SECONDS)  # workers save a checkpoint, exit as PREEMPTED
+        exit_code = next((p.returncode for p in processes if p.returncode), 128 + sig)
+        interrupted = True
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    for relay in relays:
+        relay.join(timeout=5)
+    code = exit_code or evaluator_code
+    return (128 - code if code < 0 else code), interrupted  # killed by signal N: 128 + N, as a shell says
+
+
+def _start(num_workers, args, script, out, evaluator, restarts, lock, exits, processes, relays) -> None:
+    """Starts the workers (and the evaluator), each with its TF_CONFIG and a relay of its output."""
     for index, tf_config in enumerate(worker_tf_configs(num_workers, evaluator=evaluator)):
         name = f"worker {index}" if index < num_workers else "evaluator"
         env = dict(os.environ, TF_CONFIG=tf_config, PYTHONUNBUFFERED="1")
@@ -149,34 +177,25 @@ def _launch_once(num_workers: int, args: list, script: str, out, evaluator: bool
         relay = threading.Thread(target=_relay, args=(index, name, process, lock, out, exits), daemon=True)
         relay.start()
         relays.append(relay)
-    exit_code, evaluator_code, running, interrupted = 0, 0, len(processes), False
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        while running:
-            index, code = exits.get()
-            running -= 1
-            if index == num_workers:  # the evaluator: nobody waits for it or fails with it
-                evaluator_code = code
-                if code != 0:
-                    with lock:
-                        out.write(f"launcher: the evaluator exited with code {code}; the workers go on\n")
-                continue
+
+
+def _wait(num_workers, out, lock, exits, processes):
+    """(the first failed worker's code, the evaluator's code): waits until every process ended, or
+    stops the others at the first failure."""
+    exit_code, evaluator_code, running = 0, 0, len(processes)
+    while running:
+        index, code = exits.get()
+        running -= 1
+        if index == num_workers:  # the evaluator: nobody waits for it or fails with it
+            evaluator_code = code
             if code != 0:
-                exit_code = code
                 with lock:
-                    out.write(f"launcher: worker {index} exited with code {code}; stopping the others\n")
-                _stop(processes)
-                break
-    except (KeyboardInterrupt, _Terminated) as stop:
-        sig = signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT
-        with lock:
-            out.write(f"launcher: {signal.Signals(sig).name}; stopping all workers\n")
-        _stop(processes, sig, grace=PREEMPTION_GRACE_SECONDS)  # workers save a checkpoint, exit as PREEMPTED
-        exit_code = next((p.returncode for p in processes if p.returncode), 128 + sig)
-        interrupted = True
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    for relay in relays:
-        relay.join(timeout=5)
-    code = exit_code or evaluator_code
-    return (128 - code if code < 0 else code), interrupted  # killed by signal N: 128 + N, as a shell says
+                    out.write(f"launcher: the evaluator exited with code {code}; the workers go on\n")
+            continue
+        if code != 0:
+            exit_code = code
+            with lock:
+                out.write(f"launcher: worker {index} exited with code {code}; stopping the others\n")
+            _stop(processes)
+            break
+    return exit_code, evaluator_code

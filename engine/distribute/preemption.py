@@ -26,6 +26,8 @@ import threading
 
 import tensorflow as tf
 
+from engine import startup_signals
+
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -38,6 +40,8 @@ class Watch:
         self._any = _make_all_reduce_flag(strategy) if num_workers > 1 else None
 
     def __enter__(self) -> "Watch":
+        startup_signals.check()  # a start-up signal whose exception was swallowed: stop before training
+        startup_signals.handover()
         if threading.current_thread() is threading.main_thread():
             for signum in SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)

@@ -11,6 +11,9 @@ from engine.distribute.cluster import Cluster, parse_tf_config
 from engine.config import STRATEGIES
 from engine.errors import UserError
 from engine.distribute.watchdog import rendezvous
+from engine.errors import ClusterNotFormed
+from engine import compat
+from engine import startup_signals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,10 +96,23 @@ def _multi_worker(collective_timeout: float, gpus: list) -> Placement:
     # until it can start no more ("Resource temporarily unavailable"; docs/strategies.md has the
     # run that died). A lost worker is still an error after --collective_timeout: the rendezvous
     # bounds the start, the PeerWatchdog (and TensorFlow's own heartbeat) the run.
-    rendezvous(cluster, collective_timeout)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=tf.distribute.experimental.CommunicationOptions()
-    )
+    rendezvous(cluster, collective_timeout, check=startup_signals.check)
+    # Every peer answered; if one dies before TensorFlow's registration, a worker's registration
+    # with the leader still ends after --collective_timeout (the leader itself waits on: a finding
+    # in docs/strategies.md, what the engine checks).
+    compat.bound_cluster_registration(cluster.jobs, collective_timeout)
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=tf.distribute.experimental.CommunicationOptions()
+        )
+    except tf.errors.DeadlineExceededError:
+        leader = cluster.workers[0]
+        raise ClusterNotFormed(
+            f"the cluster did not form within --collective_timeout={collective_timeout:g} s: TensorFlow's "
+            f"registration with the leader {leader[0]}:{leader[1]} at {leader[2]} timed out after every worker "
+            "had answered the rendezvous (a worker that stopped in between); restart every worker"
+        ) from None
+    startup_signals.reclaim()  # TensorFlow's coordination agent took SIGTERM for a notifier of its own
     return Placement(
         strategy,
         "multi_worker_mirrored",
