@@ -52,7 +52,6 @@ def test_an_improving_metric_trains_to_the_end(tmp_path):
     assert result.final_step == 20 and result.stopped_early is None
 
 
-@pytest.mark.fast
 def test_a_resumed_run_remembers_its_count(tmp_path):
     patient = dict(FROZEN, early_stopping_patience=3)
     train(small_config(tmp_path, **{**patient, "train_steps": 4}), **QUIET)  # evaluations at 2 and 4: 1 without

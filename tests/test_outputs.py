@@ -28,7 +28,6 @@ def _eval_tags(tmp_path):
 
 
 @pytest.mark.parametrize("task", ["TwoHeadedTask", "TwoHeadedByIndexTask"])
-@pytest.mark.fast
 def test_a_two_headed_classifier_draws_the_pictures_of_its_classifier_output(tmp_path, task):
     result, printed = _train(tmp_path, task)
     assert result.final_step == 6 and 0 <= result.eval_metrics["accuracy"] <= 1
