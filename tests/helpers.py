@@ -1,6 +1,7 @@
 """Helpers the tests share: the test Tasks' files (TASKS_*), the small run (small_config in-process,
 small_flags for run.py), running run.py in a fresh process (run_cli to its end; start_cli and
-start_workers in the background, the latter a cluster of workers on 127.0.0.1), comparing runs
+start_workers in the background, the latter a cluster of workers on 127.0.0.1) or run.py's main in
+this one (run_in_process), comparing runs
 (max_difference), reading what a run wrote (exported weights, checkpoints, TensorBoard events).
 Test modules import from here (or get fixtures from conftest.py); no test module imports another
 test module (tests/test_import_graph.py). conftest.py has already split the CPU into 2 logical
@@ -153,6 +154,62 @@ def run_cli(*args, timeout=240, env=None):
     """Runs `python run.py args...` in a fresh process; returns the CompletedProcess."""
     command, full_env = _cli(args, env)
     return subprocess.run(command, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def run_in_process(*args):
+    """`python run.py args...` without a new process: absl parses `args` into its global FLAGS (as
+    app.run does, flag errors ending in SystemExit(1)), then run.main runs, here. Returns a
+    CompletedProcess like run_cli's: the exit code, and what was written to sys.stdout and sys.stderr
+    meanwhile (Python logging handlers that write to a console stream included; not what C++ writes
+    to the file descriptors). Every flag is reset before and after (FLAGS.unparse_flags), and absl's
+    verbosity restored, so nothing of one call reaches the next. For cases that need no fresh process:
+    not for another --cpu_replicas than conftest.py's 2, environment read at import, or the launcher."""
+    import contextlib
+    import io
+
+    from absl import app
+    from absl import flags as absl_flags
+    from absl import logging as absl_logging
+
+    import run
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    verbosity = absl_logging.get_verbosity()
+    handlers = _console_handlers()
+    streams = [handler.stream for handler in handlers]
+    absl_flags.FLAGS.unparse_flags()
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            for handler in handlers:
+                handler.stream = stderr
+            try:
+                code = run.main(app.parse_flags_with_usage([os.path.join(REPO, "run.py"), *args]))
+            except SystemExit as exit_:
+                code = 0 if exit_.code is None else exit_.code
+    finally:
+        for handler, stream in zip(handlers, streams):
+            handler.stream = stream
+        absl_flags.FLAGS.unparse_flags()
+        absl_logging.set_verbosity(verbosity)
+    return subprocess.CompletedProcess(["run.py", *args], code, stdout.getvalue(), stderr.getvalue())
+
+
+def _console_handlers() -> list:
+    """The logging StreamHandlers (absl's and TensorFlow's among them) that write to this process's
+    stdout or stderr, which run_in_process points at what it captures."""
+    import logging
+
+    from absl import logging as absl_logging
+
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict))]
+    handlers = {id(h): h for logger in loggers for h in logger.handlers}
+    handlers[id(absl_logging.get_absl_handler().python_handler)] = absl_logging.get_absl_handler().python_handler
+    console = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+    return [
+        h
+        for h in handlers.values()
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) and h.stream in console
+    ]
 
 
 class Background:

@@ -21,7 +21,6 @@ from engine.controller.actions.base import EMA_EVALUATION, ActionContext
 from engine.controller.actions.early_stopping import EarlyStopping
 from engine.controller.trainer import train
 
-pytestmark = pytest.mark.fast
 
 METRICS = ("loss", "accuracy")
 
@@ -82,6 +81,7 @@ def test_with_ema_early_stopping_judges_the_ema_evaluation_an_earlier_action_ret
     assert len(stops) == 1 and stops[0].startswith("early stopping at step 30:")
 
 
+@pytest.mark.fast
 def test_the_context_is_frozen_and_its_dicts_are_read_only_copies(tmp_path):
     metrics = {"accuracy": 0.5}
     context = ActionContext(step=3, config=small_config(tmp_path), eval_metrics=metrics)

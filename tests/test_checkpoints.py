@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import pytest
 import tensorflow as tf
 from helpers import QUIET, exported_weights, small_config
 
@@ -41,7 +40,6 @@ def test_resume_continues_step_and_optimizer(tmp_path):
         np.testing.assert_allclose(resumed, uninterrupted, atol=1e-5)
 
 
-@pytest.mark.fast
 def test_finished_run_trains_nothing_more(tmp_path):
     config = small_config(tmp_path, train_steps=3)
     train(config, **QUIET)

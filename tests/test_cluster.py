@@ -11,7 +11,6 @@ from helpers import run_cli
 from engine.distribute.cluster import parse_tf_config
 from engine.errors import UserError
 
-pytestmark = pytest.mark.fast  # every test here runs in seconds: the fast lane (-m fast)
 
 GOOD = {"cluster": {"worker": ["127.0.0.1:2001", "127.0.0.1:2002"]}, "task": {"type": "worker", "index": 1}}
 
@@ -46,6 +45,7 @@ def test_good_config():
     assert with_chief.is_chief and [w[0] for w in with_chief.workers] == ["chief", "worker"]
 
 
+@pytest.mark.fast
 def test_evaluator_task_is_not_a_worker():
     """The sidecar evaluator is in TF_CONFIG but not in the collective group, and never the chief."""
     cluster = {"worker": ["a:1", "b:2"], "evaluator": ["c:3"]}

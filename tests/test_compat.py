@@ -22,7 +22,6 @@ from engine import compat
 from engine.distribute.strategy import build_strategy
 from engine.errors import UserError
 
-pytestmark = pytest.mark.fast
 
 VERSIONS = f"TensorFlow {tf.__version__}, Keras {keras.__version__}"
 
@@ -188,6 +187,7 @@ def test_op_determinism_switch_off():
 # ---- coordination_key_value_store: `tensorflow.python.eager.context.context()` ----
 
 
+@pytest.mark.fast
 def test_coordination_service_key_value_calls():
     store = compat.coordination_key_value_store()
     for name in ("set_config_key_value", "get_config_key_value", "delete_config_key_value"):

@@ -20,7 +20,6 @@ from flags import reference
 from flags.definitions import define_flags
 from helpers import QUIET, REPO
 
-pytestmark = pytest.mark.fast
 
 PAGES = ["README.md", "BUILD.md"] + sorted(
     os.path.join("docs", name) for name in os.listdir(os.path.join(REPO, "docs")) if name.endswith(".md")
@@ -37,6 +36,7 @@ def test_flags_reference_is_generated_from_the_definitions():
     assert _read("docs/flags.md") == reference.render(), "docs/flags.md is stale: run `python -m flags.reference`"
 
 
+@pytest.mark.fast
 def test_flags_reference_changes_with_a_help_text(monkeypatch):
     """A changed help text gives another page, so the test above fails until it is regenerated."""
     original = absl_flags.DEFINE_integer

@@ -32,7 +32,6 @@ def _record(model_dir) -> dict:
         return json.load(f)
 
 
-@pytest.mark.fast
 def test_a_metric_that_stops_improving_ends_training_cleanly(tmp_path):
     out = io.StringIO()
     result = train(small_config(tmp_path, **FROZEN), out=out)
@@ -43,7 +42,6 @@ def test_a_metric_that_stops_improving_ends_training_cleanly(tmp_path):
     assert _record(tmp_path)["stopped_at"] == 6
 
 
-@pytest.mark.fast
 def test_an_improving_metric_trains_to_the_end(tmp_path):
     result = train(
         small_config(
@@ -54,7 +52,6 @@ def test_an_improving_metric_trains_to_the_end(tmp_path):
     assert result.final_step == 20 and result.stopped_early is None
 
 
-@pytest.mark.fast
 def test_a_resumed_run_remembers_its_count(tmp_path):
     patient = dict(FROZEN, early_stopping_patience=3)
     train(small_config(tmp_path, **{**patient, "train_steps": 4}), **QUIET)  # evaluations at 2 and 4: 1 without
@@ -62,7 +59,6 @@ def test_a_resumed_run_remembers_its_count(tmp_path):
     assert result.final_step == 8  # 6: 2 without, 8: 3 without (a fresh count would stop at 10)
 
 
-@pytest.mark.fast
 def test_early_stopping_without_a_metric_is_refused(tmp_path):
     with pytest.raises(UserError, match="needs --best_metric"):
         train(small_config(tmp_path, **{**FROZEN, "best_metric": ""}), **QUIET)

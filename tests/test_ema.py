@@ -43,7 +43,6 @@ def test_the_average_follows_the_documented_warm_up():
     np.testing.assert_array_equal(model.get_weights()[0], np.full_like(start, 4.0))
 
 
-@pytest.mark.fast
 def test_the_averages_are_checkpointed_and_evaluated_next_to_the_weights(tmp_path):
     result = train(_config(tmp_path), **QUIET)
     averages = _averages(tmp_path / "run")
@@ -74,7 +73,6 @@ def test_two_replicas_average_like_one(tmp_path):
         np.testing.assert_allclose(two[name], one[name], atol=1e-5, err_msg=name)
 
 
-@pytest.mark.fast
 def test_the_export_and_best_hold_the_ema_weights(tmp_path):
     train(_config(tmp_path, export=True, best_metric="accuracy"), **QUIET)
     averages = _averages(tmp_path / "run")

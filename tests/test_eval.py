@@ -21,8 +21,6 @@ from engine.distribute.strategy import build_strategy
 from engine.task import Task
 from engine.controller.trainer import train
 
-pytestmark = pytest.mark.fast  # every test here runs in seconds: the fast lane (-m fast)
-
 
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_eval_matches_keras_evaluate(tmp_path, replicas):
@@ -41,6 +39,7 @@ def test_eval_matches_keras_evaluate(tmp_path, replicas):
     assert result.eval_metrics["accuracy"] == pytest.approx(accuracy, abs=1e-6)
 
 
+@pytest.mark.fast
 def test_eval_counts_every_example():
     strategy = build_strategy("mirrored", 2).strategy  # the engine's (not collective all-reduce)
     config = small_config("/unused")

@@ -190,7 +190,6 @@ def test_evaluator_waits_for_training_skips_deleted_and_unlisted_checkpoints(tmp
     assert "ckpt-9" not in text
 
 
-@pytest.mark.fast
 def test_best_checkpoint_follows_the_metric_in_training(tmp_path):
     """The chief keeps model_dir/best/ at the step with the highest eval accuracy: best.json, a
     checkpoint of that step, and the exported model."""
@@ -221,7 +220,6 @@ def test_best_checkpoint_follows_the_metric_in_training(tmp_path):
         ("-accuracy", ("accuracy", False)),
     ],
 )
-@pytest.mark.fast
 def test_best_metric_directions(spec, expected):
     assert best_lib.parse_best_metric(spec) == expected
 
@@ -232,7 +230,6 @@ def test_best_metric_must_be_an_eval_metric(tmp_path):
         best_lib.BestKeeper(str(tmp_path), "+top5", metric_names=("loss", "accuracy"))
 
 
-@pytest.mark.fast
 def test_continuous_eval_knows_an_epoch_runs_last_step(tmp_path):
     """A run of --epochs (no --train_steps): the evaluator takes the last step from config.json's
     epochs and the data's steps per epoch at the run's global batch (1024 / 64 = 16), and stops there

@@ -113,7 +113,6 @@ def _assert_sgd_step(before, after, gradients, atol=2e-6):
 # ---- each example trains ----
 
 
-@pytest.mark.fast
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
 def test_each_example_trains(tmp_path, example):
     result = train(_config(tmp_path, example), **QUIET)
@@ -145,7 +144,6 @@ def test_the_gan_refuses_data_that_are_not_images_it_can_make():
 # ---- each computes what it says ----
 
 
-@pytest.mark.fast
 def test_sam_step_is_the_gradient_at_the_perturbed_weights_applied_at_w(tmp_path):
     images, labels = _batch()
     task, before, after = _one_sgd_step(tmp_path, SamTask, images, labels)
@@ -166,7 +164,6 @@ class _SamOnNanImages(SamTask):
         return super().train_step((images * float("nan"), labels))
 
 
-@pytest.mark.fast
 def test_sam_leaves_the_weights_finite_after_a_non_finite_gradient(tmp_path):
     """A NaN gradient at w: the perturbation is skipped (assign_sub of NaN would not undo assign_add
     of NaN) and the engine skips the update (--on_nonfinite=skip: the guarded update), so the
@@ -177,7 +174,6 @@ def test_sam_leaves_the_weights_finite_after_a_non_finite_gradient(tmp_path):
         np.testing.assert_array_equal(new, w)
 
 
-@pytest.mark.fast
 def test_gradient_penalty_step_penalises_each_examples_own_input_gradient(tmp_path):
     images, labels = _batch()
     task, before, after = _one_sgd_step(tmp_path, GradientPenaltyTask, images, labels)
@@ -197,7 +193,6 @@ def test_gradient_penalty_step_penalises_each_examples_own_input_gradient(tmp_pa
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(gradients, without)) > 1e-4, "the penalty must count"
 
 
-@pytest.mark.fast
 def test_distillation_loss_is_the_weighted_kl_to_the_teacher_plus_cross_entropy():
     task = DistillationTask(small_config("/unused"), input_shape=(4,), num_classes=3)
     logits = np.array([[2.0, 0.0, -1.0], [0.5, 0.5, 0.0]], np.float32)
@@ -266,13 +261,11 @@ def test_a_resumed_gan_equals_an_uninterrupted_one(tmp_path):
     assert _iterations(tmp_path / "resumed", "optimizer") == 40
 
 
-@pytest.mark.fast
 def test_sam_trains_with_accumulated_micro_batches(tmp_path):
     result = train(_config(tmp_path, "SamTask", grad_accum_steps=2, **TWO), **QUIET)
     assert result.final_step == 6 and np.isfinite(result.train_metrics["loss"])
 
 
-@pytest.mark.fast
 def test_k_discriminator_steps_per_generator_step(tmp_path):
     train(
         _config(
@@ -289,7 +282,6 @@ def test_k_discriminator_steps_per_generator_step(tmp_path):
     assert _iterations(tmp_path / "run", "optimizer") == 3
 
 
-@pytest.mark.fast
 def test_the_frozen_teacher_is_checkpointed_and_never_moves(tmp_path):
     train(_config(tmp_path, "DistillationTask", "short", train_steps=3), **QUIET)
     train(_config(tmp_path, "DistillationTask", "long", train_steps=9), **QUIET)
@@ -311,14 +303,12 @@ def test_the_teacher_comes_from_TEACHER_MODEL(tmp_path, monkeypatch):
         assert any(a.shape == b.shape and np.array_equal(a, b) for b in held)
 
 
-@pytest.mark.fast
 def test_a_gan_whose_summaries_crash_keeps_its_checkpoint(tmp_path):
     with pytest.raises(ExtraFailed, match="the summaries crash on purpose"):
         train(small_config(tmp_path, task=f"{TASKS_REFUSED}:CrashingSummariesGanTask", model="mlp"), **QUIET)
     assert tf.train.latest_checkpoint(os.path.join(tmp_path, "checkpoints")).endswith("ckpt-6")
 
 
-@pytest.mark.fast
 def test_a_gan_checkpoint_into_a_task_without_the_discriminator_is_refused(tmp_path):
     train(_config(tmp_path, "GanTask"), **QUIET)
     with pytest.raises(UserError, match=r"holds self\.d_optimizer, which this Task does not have"):

@@ -11,6 +11,10 @@ run after the first trains about TRAIN_SECONDS at the speed the one before it re
 first: 1500 steps, about that at 7k examples/s). The two-worker runs can be short: what would
 keep them alive is one sleeping thread per timed collective, piling up with the steps (the count
 is checked in test_multi_worker.py::test_long_multi_worker_run_keeps_its_thread_count).
+
+The default run keeps the two-replica layout: it has every thread the one-replica layout has (the
+input pipeline's, a per-device dataset's) and one more per-device dataset, so a regression either
+would show also shows there. The one-replica layout is the slow lane's (`-m slow`).
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def _steps_for(seconds: float, output: str, default: int) -> int:
 @pytest.mark.parametrize(
     "layout, steps",
     [
-        (["--strategy=mirrored", "--cpu_replicas=1"], 1500),
+        pytest.param(["--strategy=mirrored", "--cpu_replicas=1"], 1500, marks=pytest.mark.slow),
         (["--strategy=mirrored", "--cpu_replicas=2"], 1500),
         pytest.param(["--strategy=multi_worker_mirrored", "--num_workers=2"], 60, marks=pytest.mark.cluster),
     ],

@@ -73,7 +73,6 @@ def all_examples(source, split: str):
 
 
 # ---- what the source is ----
-@pytest.mark.fast
 def test_spec_class_names_and_labels_follow_the_folders(tmp_path):
     classes = split_folders(tmp_path)
     source = sources.load(Config(dataset=f"images:{tmp_path}"))
@@ -90,7 +89,6 @@ def test_spec_class_names_and_labels_follow_the_folders(tmp_path):
     assert "ant, moth, zebra" in source.spec.describe()
 
 
-@pytest.mark.fast
 def test_image_size_resizes_and_grey_files_give_one_channel(tmp_path):
     write_folder(tmp_path / "train", range(12), by_id, shape=(12, 10, 1))
     write_folder(tmp_path / "test", range(100, 103), by_id, shape=(7, 9, 1))  # another size: resized too
@@ -104,7 +102,6 @@ def test_image_size_resizes_and_grey_files_give_one_channel(tmp_path):
         sources.load(Config(dataset=f"images:{tmp_path}"))  # without --image_size the sizes must agree
 
 
-@pytest.mark.fast
 def test_image_size_resizes_tfrecord_images_too(tmp_path):
     images = np.stack([id_image(i) for i in range(6)])
     source = sources.load(Config(dataset=_tfrecord(tmp_path, images), image_size="4,6"))
@@ -113,7 +110,6 @@ def test_image_size_resizes_tfrecord_images_too(tmp_path):
     np.testing.assert_allclose(x, tf.image.resize(images, (4, 6)).numpy() / 255, atol=1e-6)
 
 
-@pytest.mark.fast
 def test_jpeg_files_and_other_files_beside_them(tmp_path):
     split_folders(tmp_path, n_train=6, n_test=3)
     for i in range(3):  # JPEGs (.jpg, .JPEG) next to the PNGs; a text file and a hidden folder are ignored
@@ -127,7 +123,6 @@ def test_jpeg_files_and_other_files_beside_them(tmp_path):
     assert x.shape == (6, 12, 10, 3) and (y == CLASS_ID["moth"]).sum() == 4
 
 
-@pytest.mark.fast
 def test_validation_split_is_deterministic_disjoint_and_complete(tmp_path):
     classes = write_folder(tmp_path / "a", range(41), by_id)  # ant 14, moth 13, zebra 14 files
     config = Config(dataset=f"images:{tmp_path / 'a'}", validation_split=0.25)
@@ -192,14 +187,12 @@ class PixelIdTask(IdCountingTask):
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
-@pytest.mark.fast
 def test_eval_covers_every_file_once(tmp_path, replicas):
     split_folders(tmp_path, n_train=6, n_test=101)
     source = sources.load(Config(dataset=f"images:{tmp_path}"))
     assert stream_eval_totals(source, replicas, 16, PixelIdTask) == (101, sum(range(1000, 1101)))
 
 
-@pytest.mark.fast
 def test_train_stream_with_cache_reads_every_file_once_per_epoch(tmp_path):
     split_folders(tmp_path, n_train=30, n_test=3)
     for cache in (False, True):
@@ -209,7 +202,6 @@ def test_train_stream_with_cache_reads_every_file_once_per_epoch(tmp_path):
         assert sorted(np.concatenate(ids[:3])) == list(range(30)) == sorted(np.concatenate(ids[3:]))
 
 
-@pytest.mark.fast
 def test_two_workers_read_disjoint_files(tmp_path):
     split_folders(tmp_path, n_train=30, n_test=3)
     source = sources.load(Config(dataset=f"images:{tmp_path}", shuffle_buffer=8))
@@ -222,7 +214,6 @@ def test_two_workers_read_disjoint_files(tmp_path):
     assert sorted(np.concatenate(per_worker)) == list(range(30))
 
 
-@pytest.mark.fast
 def test_flags_reach_the_config(tmp_path):
     values = absl_flags.FlagValues()
     define_flags(values)
@@ -357,7 +348,6 @@ BAD = [
 
 
 @pytest.mark.parametrize("make, options, message", BAD)
-@pytest.mark.fast
 def test_bad_input_is_one_line(tmp_path, make, options, message):
     dataset = make(tmp_path)
     with pytest.raises(UserError, match=message) as error:
@@ -366,7 +356,6 @@ def test_bad_input_is_one_line(tmp_path, make, options, message):
 
 
 @pytest.mark.parametrize("bad_file", ["garbage", "other_size"])
-@pytest.mark.fast
 def test_a_bad_file_found_while_reading_names_it(tmp_path, bad_file):
     """Only the first file of each class is decoded at start-up; a later bad one stops the pipeline
     with an error that names it."""
@@ -381,7 +370,6 @@ def test_a_bad_file_found_while_reading_names_it(tmp_path, bad_file):
         list(source.test_batches(4))
 
 
-@pytest.mark.fast
 def test_the_checker_names_every_bad_file(tmp_path):
     """A truncated file fails inside TensorFlow's decoder, which does not name it; the checker does."""
     split_folders(tmp_path)

@@ -12,8 +12,6 @@ import pytest
 
 from helpers import REPO
 
-pytestmark = pytest.mark.fast
-
 
 def _modules(package: str) -> dict:
     """{dotted module name: path} of every .py file under REPO/package."""
@@ -76,6 +74,7 @@ def test_engine_has_no_import_cycle():
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))
 
 
+@pytest.mark.fast
 def test_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
 

@@ -17,7 +17,6 @@ from engine.distribute.strategy import build_strategy
 from engine.loop import LoopOptions, make_train_loop, step_verdict
 from engine.task import Task
 
-pytestmark = pytest.mark.fast
 
 NAN = float("nan")
 
@@ -51,6 +50,7 @@ def test_step_verdict(case, kwargs, expected):
     assert _verdict(**kwargs) == expected, case
 
 
+@pytest.mark.fast
 def test_loop_options_come_from_the_flags():
     config = small_config(
         "unused",

@@ -48,7 +48,6 @@ def user_models(tmp_path):
 # ---- the built-in resnet20 ----
 
 
-@pytest.mark.fast
 def test_resnet20_shape_parameters_and_names():
     model = build_model("resnet20", (32, 32, 3), 10)
     logits = model(tf.zeros([2, 32, 32, 3]), training=False)
@@ -112,7 +111,6 @@ def test_model_from_file_two_replicas_train_like_one(tmp_path, user_models):
     assert max_difference(one, two) < 1e-5
 
 
-@pytest.mark.fast
 def test_builder_that_asks_for_the_spec_gets_it(tmp_path, user_models):
     spec = DataSpec.classification((28, 28, 1), 10)
     task = Task(small_config(tmp_path, model=f"{user_models}:with_spec"), spec=spec)
@@ -122,7 +120,6 @@ def test_builder_that_asks_for_the_spec_gets_it(tmp_path, user_models):
     )  # not asked: not given
 
 
-@pytest.mark.fast
 def test_package_module_function_form(tmp_path):
     model = build_model("engine.models.classifiers:mlp", (28, 28, 1), 10)
     registered = build_model("mlp", (28, 28, 1), 10)
@@ -161,7 +158,6 @@ def test_default_model_dir_names_the_model_form():
 # ---- keras.applications.NAME ----
 
 
-@pytest.mark.fast
 def test_keras_application_outputs_logits_without_its_preprocessing():
     """Built untrained for the data's shape and classes; logits out (no softmax); the application's
     own rescaling from [0, 255] is off, as the engine's images are already in [0, 1]."""

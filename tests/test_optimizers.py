@@ -43,7 +43,6 @@ def _rate_at(optimizer, step):
 
 
 @pytest.mark.parametrize("schedule, warmup", [("constant", 0), ("cosine", 0), ("warmup_cosine", 4)])
-@pytest.mark.fast
 def test_schedule_values_match_the_closed_form(schedule, warmup):
     optimizer = _optimizer(total_steps=12, lr_schedule=schedule, warmup_steps=warmup)
     # 0, mid-warm-up, end of warm-up (the peak), mid-cosine, the last update, the end, past the end.
@@ -106,7 +105,6 @@ def _tiny_model():
 @pytest.mark.parametrize(
     "optimizer, schedule, step", [("adam", "constant", 0), ("sgd", "constant", 0), ("adam", "warmup_cosine", 6)]
 )
-@pytest.mark.fast
 def test_weight_decay_shrinks_kernels_only(optimizer, schedule, step):
     """Zero gradients: Adam/SGD move nothing, so what changes is the decay alone, w *= 1 - rate * W,
     at the scheduled rate of this step; biases and batch-norm gamma/beta are not decayed."""
@@ -136,7 +134,6 @@ def _norms(weights):
     return [float(np.linalg.norm(w)) for w in weights]
 
 
-@pytest.mark.fast
 def test_weight_decay_in_a_run_gives_smaller_kernels(tmp_path):
     def run(name, decay):
         train(small_config(tmp_path / name, model="mlp", learning_rate=RATE, weight_decay=decay, export=True), **QUIET)
@@ -177,19 +174,16 @@ def test_two_replicas_match_one_with_schedule_and_decay(tmp_path):
         ("warmup_cosine", 12, "got --warmup_steps=12"),
     ],
 )
-@pytest.mark.fast
 def test_warmup_misuse_is_a_user_error(schedule, warmup, message):
     with pytest.raises(UserError, match=message.replace("+", r"\+")):
         build_optimizer(small_config("/unused", lr_schedule=schedule, warmup_steps=warmup), 12)
 
 
-@pytest.mark.fast
 def test_engine_checks_warmup_against_the_runs_steps(tmp_path):
     with pytest.raises(UserError, match="the run's 6 steps; got --warmup_steps=6"):
         train(small_config(tmp_path, model="mlp", lr_schedule="warmup_cosine", warmup_steps=6), **QUIET)
 
 
-@pytest.mark.fast
 def test_a_resumed_run_uses_its_own_learning_rate(tmp_path):
     """Keras keeps a constant rate in a variable the checkpoint restores; the new flag must win."""
     config = small_config(tmp_path, model="mlp", learning_rate=0.01, train_steps=3, steps_per_loop=3)

@@ -27,7 +27,6 @@ def _eval_tags(tmp_path):
     return set(tensorboard_run(tmp_path / "eval").Tags()["tensors"])
 
 
-@pytest.mark.fast
 @pytest.mark.parametrize("task", ["TwoHeadedTask", "TwoHeadedByIndexTask"])
 def test_a_two_headed_classifier_draws_the_pictures_of_its_classifier_output(tmp_path, task):
     result, printed = _train(tmp_path, task)

@@ -39,7 +39,6 @@ def _counts(k: int, seed: int = 0) -> np.ndarray:
     return pictures.confusion_counts(labels, predictions, k)
 
 
-@pytest.mark.fast
 def test_confusion_matrix_names_the_classes_on_both_axes():
     figure = pictures.confusion_figure(_counts(10), FASHION)
     for axis in "xy":
@@ -51,7 +50,6 @@ def test_confusion_matrix_names_the_classes_on_both_axes():
     assert image.shape[1] > 300 and image.shape[2] > 300
 
 
-@pytest.mark.fast
 def test_a_hundred_classes_keep_the_most_confused_and_no_label_overlaps():
     counts = _counts(100)
     counts[7, 42] += 400  # class 7 is mostly taken for 42: both must be kept
@@ -66,7 +64,6 @@ def test_a_hundred_classes_keep_the_most_confused_and_no_label_overlaps():
     assert errors[kept].min() >= np.delete(errors, kept).max()
 
 
-@pytest.mark.fast
 def test_per_class_accuracy_bars():
     counts = np.diag([10, 20, 30]).astype(np.int64)
     counts[1, 0] = 20  # class 1: 20 of 40 right
@@ -77,7 +74,6 @@ def test_per_class_accuracy_bars():
     assert len(labels) == 30 and not _overlapping(labels) and "least accurate" in many.axes[0].get_title()
 
 
-@pytest.mark.fast
 def test_image_grids_caption_each_tile_with_class_names():
     images = np.random.default_rng(0).random((5, 28, 28))
     figure = pictures.misclassified_figure(images, [0, 6, 9, 1, 2], [6, 0, 7, 3, 4], FASHION, 10)
@@ -86,7 +82,6 @@ def test_image_grids_caption_each_tile_with_class_names():
     assert figures.figure_to_image(figure).shape[-1] == 3
 
 
-@pytest.mark.fast
 def test_pr_curve_counts_match_a_direct_count():
     rng = np.random.default_rng(1)
     positive, scores = rng.random(500) < 0.3, rng.random(500)

@@ -36,7 +36,6 @@ def _dropout_masks(strategy, model, calls=2):
     return _per_replica(strategy, lambda: model(tf.ones((1, WIDTH)), training=True), calls)
 
 
-@pytest.mark.fast
 def test_dropout_masks_differ_per_replica_only_with_the_wrapper():
     strategy = _strategy(2)
     with strategy.scope():
@@ -54,7 +53,6 @@ def test_dropout_masks_differ_per_replica_only_with_the_wrapper():
     np.testing.assert_array_equal(states[1], [11, 2])
 
 
-@pytest.mark.fast
 def test_task_random_seed_differs_per_replica_and_step():
     strategy = _strategy(2)
     task = Task(small_config("unused"), input_shape=(4,), num_classes=2)
@@ -90,7 +88,6 @@ def test_task_random_seed_differs_per_replica_and_step():
     assert seed.dtype == tf.int32 and seed.shape == (2,)
 
 
-@pytest.mark.fast
 def test_one_replica_draws_exactly_what_keras_draws():
     for strategy in (_strategy(1), tf.distribute.get_strategy()):
         with strategy.scope():

@@ -13,7 +13,6 @@ from helpers import QUIET, TASKS_DATA, checkpoint_state, id_shards, small_config
 from engine.controller.trainer import train
 from engine.errors import UserError
 
-pytestmark = pytest.mark.fast
 # 10 batches an epoch, 23 steps: three epochs' permutations; a Task with per-example augmentation.
 RUN = dict(
     synthetic_train_examples=640,
@@ -122,6 +121,7 @@ def test_tfrecords_trained_from_memory_resume_exactly_and_refuse_the_streamed_or
     _resumed_equals_straight(tmp_path, config, stopped_at=8)
 
 
+@pytest.mark.fast
 def test_a_streamed_source_over_the_memory_limit_is_refused_before_reading(tmp_path, monkeypatch):
     from engine.data import into_memory
 

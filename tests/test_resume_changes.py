@@ -36,7 +36,6 @@ def _tensor(model_dir, step: int, key: str) -> np.ndarray:
     return tf.train.load_checkpoint(os.path.join(str(model_dir), "checkpoints", f"ckpt-{step}")).get_tensor(key)
 
 
-@pytest.mark.fast
 def test_each_allowed_change_is_one_banner_line_and_kept_in_the_record(tmp_path):
     config = small_config(tmp_path, model="mlp", train_steps=2, steps_per_loop=2)
     train(config, **QUIET)

@@ -41,7 +41,6 @@ def _rollback_line(text: str) -> re.Match:
 
 
 @pytest.mark.parametrize("input_mode", ["distribute_dataset", "resident"])
-@pytest.mark.fast
 def test_a_bad_batch_rolls_back_and_training_goes_on_past_it(tmp_path, input_mode):
     out = io.StringIO()
     result = train(small_config(tmp_path / "run", **_one_bad_example(tmp_path), input_mode=input_mode), out=out)
@@ -54,13 +53,11 @@ def test_a_bad_batch_rolls_back_and_training_goes_on_past_it(tmp_path, input_mod
     assert dict(tensorboard_scalars(tmp_path / "run" / "train")["rollbacks"]) == {restored: 1.0}
 
 
-@pytest.mark.fast
 def test_after_max_rollbacks_the_run_stops_as_with_stop(tmp_path):
     with pytest.raises(NonFiniteLoss, match=r"at step 6 .*; 0 rollbacks made"):
         train(small_config(tmp_path, **NAN_AT_5, max_rollbacks=0), **QUIET)
 
 
-@pytest.mark.fast
 def test_a_step_that_stays_bad_uses_up_the_rollbacks(tmp_path):
     """NanLossTask is bad at global_step 5 whatever the batch: every retry fails, then the run stops."""
     out = io.StringIO()
@@ -69,7 +66,6 @@ def test_a_step_that_stays_bad_uses_up_the_rollbacks(tmp_path):
     assert "rollback 2 of 2" in out.getvalue()
 
 
-@pytest.mark.fast
 def test_a_loss_spike_counts_as_a_bad_step(tmp_path):
     with pytest.raises(NonFiniteLoss, match=r"loss above --loss_upper_bound=0.5, at step 1 "):
         train(small_config(tmp_path, model="mlp", loss_upper_bound=0.5, eval_every=-1), **QUIET)

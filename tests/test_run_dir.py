@@ -1,11 +1,13 @@
 """A run directory is only as safe as its newest file (issue 46, invariant 14).
 
-Real processes on real files: a damaged newest checkpoint (its .index deleted, all its files
-deleted, its data truncated) or a bad `checkpoint` state file (garbage, empty) resumes from the
-newest checkpoint that reads back whole, bitwise equal to an undisturbed run, with the damaged files
-set aside in checkpoints/damaged/ and named in one line; no readable checkpoint at all is a one-line
-refusal that moves nothing; the evaluator skips a damaged checkpoint and moves nothing. One training
-run per --model_dir: a second one is refused naming the first, a SIGKILLed run's lock is taken over.
+Real runs on real files (run.py's main, in this process where a fresh one proves nothing more; the
+references, the lock's holders and the SIGKILLed run are processes of their own): a damaged newest
+checkpoint (its .index deleted, all its files deleted, its data truncated) or a bad `checkpoint`
+state file (garbage, empty) resumes from the newest checkpoint that reads back whole, bitwise equal
+to an undisturbed run, with the damaged files set aside in checkpoints/damaged/ and named in one
+line; no readable checkpoint at all is a one-line refusal that moves nothing; the evaluator skips a
+damaged checkpoint and moves nothing. One training run per --model_dir: a second one is refused
+naming the first, a SIGKILLed run's lock is taken over.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import REPO, TINY_FLAGS, checkpoint_state, explain, run_cli
+from helpers import REPO, TINY_FLAGS, checkpoint_state, explain, run_cli, run_in_process
 
 from engine.controller import checkpoints, run_lock
 from engine.errors import UserError
@@ -141,17 +143,17 @@ def base_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def damaged_resumes(base_run, tmp_path_factory):
-    """{case: (model_dir, the resumed CompletedProcess)}: every case resumed to step 10 at once."""
+    """{case: (model_dir, the resumed run's CompletedProcess)}: every case resumed to step 10, in
+    this process one after another (the undisturbed reference is a fresh process's)."""
     base, _ = base_run
     root = tmp_path_factory.mktemp("damaged")
-    processes = {}
+    done = {}
     for case, (damage, _, _, _) in CASES.items():
         model_dir = str(root / case)
         shutil.copytree(base, model_dir)
         damage(_ckpt_dir(model_dir))
-        processes[case] = _start("--train_steps=10", f"--model_dir={model_dir}")
-    done = _finish(processes)
-    return {case: (str(root / case), proc) for case, proc in done.items()}
+        done[case] = (model_dir, run_in_process(*BASE, "--train_steps=10", f"--model_dir={model_dir}"))
+    return done
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -189,7 +191,7 @@ def test_no_readable_checkpoint_is_refused_in_one_line_and_nothing_moves(base_ru
         with open(os.path.join(_ckpt_dir(model_dir), f"ckpt-{step}.index"), "wb") as f:
             f.write(b"not an index" * 10)
     before = _files_under(model_dir)
-    proc = run_cli(*BASE, "--train_steps=10", f"--model_dir={model_dir}", timeout=TIMEOUT)
+    proc = run_in_process(*BASE, "--train_steps=10", f"--model_dir={model_dir}")
     assert proc.returncode == 2, explain(proc)
     assert "Traceback" not in proc.stderr, explain(proc)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
@@ -204,7 +206,7 @@ def test_evaluator_skips_a_damaged_checkpoint_and_moves_nothing(base_run, tmp_pa
     shutil.copytree(base_run[0], model_dir)
     _truncate_data(_ckpt_dir(model_dir))
     before = _files_under(model_dir + "/checkpoints")
-    proc = run_cli(*BASE, "--mode=eval", f"--model_dir={model_dir}", timeout=TIMEOUT)
+    proc = run_in_process(*BASE, "--mode=eval", f"--model_dir={model_dir}")
     assert proc.returncode == 0, explain(proc)
     assert "Traceback" not in proc.stderr, explain(proc)
     warnings = [line for line in proc.stdout.splitlines() if "cannot be read back" in line]

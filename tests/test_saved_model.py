@@ -82,7 +82,6 @@ def test_float_features_are_served_as_the_source_holds_them(tmp_path):
     np.testing.assert_allclose(served["probabilities"], expected, atol=1e-5)
 
 
-@pytest.mark.fast
 def test_the_signature_takes_the_raw_dtype_and_shape(tmp_path):
     version_dir, _ = _trained(
         tmp_path, train_steps=2, steps_per_loop=2, synthetic_train_examples=256, synthetic_test_examples=64
@@ -112,7 +111,6 @@ def _load(version_dir):
     return tf.saved_model.load(str(version_dir)).signatures["serving_default"]
 
 
-@pytest.mark.fast
 def test_a_version_appears_whole_or_not_at_all(tmp_path, monkeypatch):
     model, spec = _classifier(), DataSpec.classification((28, 28, 1), 10, raw_features=RAW_GREY)
     directory = tmp_path / "saved_model"
@@ -135,7 +133,6 @@ def test_a_version_appears_whole_or_not_at_all(tmp_path, monkeypatch):
     }
 
 
-@pytest.mark.fast
 def test_logits_are_served_as_outputs_and_a_bad_choice_is_refused(tmp_path):
     model, spec = _classifier(), DataSpec.classification((28, 28, 1), 10, raw_features=RAW_GREY)
     raw = np.random.default_rng(3).integers(0, 256, (4, 28, 28), dtype=np.uint8)
@@ -146,7 +143,6 @@ def test_logits_are_served_as_outputs_and_a_bad_choice_is_refused(tmp_path):
         export_saved_model(model, spec, str(tmp_path), 2, outputs="softmax")
 
 
-@pytest.mark.fast
 def test_a_mixed_precision_model_serves_float32(tmp_path):
     model = _classifier(policy="mixed_bfloat16")
     spec = DataSpec.classification((28, 28, 1), 10, raw_features=RAW_GREY)
@@ -158,7 +154,6 @@ def test_a_mixed_precision_model_serves_float32(tmp_path):
     np.testing.assert_allclose(served["probabilities"].numpy(), expected, atol=1e-5)
 
 
-@pytest.mark.fast
 def test_a_model_on_its_own_input_is_served_without_the_data_normalisation(tmp_path):
     generator = keras.Sequential(
         [keras.Input((32,)), keras.layers.Dense(28 * 28, activation="sigmoid"), keras.layers.Reshape((28, 28, 1))]
@@ -195,7 +190,6 @@ def _serves_like_the_pipeline(source, tmp_path, raw):
     np.testing.assert_allclose(served["probabilities"].numpy(), expected, atol=1e-6)
 
 
-@pytest.mark.fast
 def test_image_folders_are_served_as_decoded_uint8_images(tmp_path):
     root = _png_folders(tmp_path / "images", (12, 10, 3))
     source = sources.load(Config(dataset=f"images:{root}"))
@@ -208,7 +202,6 @@ def test_image_folders_are_served_as_decoded_uint8_images(tmp_path):
     assert resized.spec.raw_features is None  # the resize needs the file's own size: served normalised
 
 
-@pytest.mark.fast
 def test_tfrecord_sources_are_served_as_their_records_hold_them(tmp_path):
     images, labels = synthetic_arrays(12, seed=1)  # uint8 (28, 28)
     tfrecord.write_shards(str(tmp_path / "png"), "train", images, labels, 1)
@@ -232,7 +225,6 @@ def test_in_memory_sources_keep_the_arrays_dtype_and_shape(tmp_path):
     assert text.spec.raw_features == tf.TensorSpec((16,), tf.int32)
 
 
-@pytest.mark.fast
 def test_tfds_sources_are_served_as_their_features_decode(tmp_path):
     import tensorflow_datasets as tfds  # in the test extra
 

@@ -24,7 +24,6 @@ def write_npz(path, x_train, y_train, x_test, y_test):
 
 
 # ---- in-memory sources ----
-@pytest.mark.fast
 def test_npz_any_shape_and_dtype(tmp_path):
     rng = np.random.default_rng(0)
     colour = write_npz(
@@ -56,7 +55,6 @@ def test_npz_any_shape_and_dtype(tmp_path):
     assert source.spec.labels.dtype == tf.float32 and source.spec.num_classes is None
 
 
-@pytest.mark.fast
 def test_synthetic_shape_and_classes():
     source = sources.load(
         Config(
@@ -75,7 +73,6 @@ def test_synthetic_shape_and_classes():
     assert vectors.spec.input_shape == (64,)
 
 
-@pytest.mark.fast
 def test_colour_npz_trains_end_to_end(tmp_path):
     x, y = builtin.synthetic_arrays(512, seed=1, shape=(16, 16, 3))
     xt, yt = builtin.synthetic_arrays(101, seed=2, shape=(16, 16, 3))
@@ -85,7 +82,6 @@ def test_colour_npz_trains_end_to_end(tmp_path):
 
 
 # ---- TFRecord streams ----
-@pytest.mark.fast
 def test_tfrecord_default_schema_round_trip(tmp_path):
     images, labels = builtin.synthetic_arrays(30, seed=1, shape=(8, 8, 3))
     tfrecord.write_shards(str(tmp_path), "train", images, labels, 3)
@@ -98,7 +94,6 @@ def test_tfrecord_default_schema_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("shards, policy", [(4, "FILE"), (1, "DATA")])
-@pytest.mark.fast
 def test_two_workers_read_disjoint_examples(tmp_path, shards, policy):
     dataset = id_shards(tmp_path, n_train=200, shards=shards)
     source = sources.load(Config(dataset=dataset, shuffle_buffer=50))
@@ -113,13 +108,11 @@ def test_two_workers_read_disjoint_examples(tmp_path, shards, policy):
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
-@pytest.mark.fast
 def test_stream_eval_covers_every_example_once(tmp_path, replicas):
     source = sources.load(Config(dataset=id_shards(tmp_path, n_test=1001)))
     assert stream_eval_totals(source, replicas, 64) == (1001, sum(range(1000, 2001)))
 
 
-@pytest.mark.fast
 def test_stream_resume_skips_exactly(tmp_path):
     source = sources.load(Config(dataset=id_shards(tmp_path, n_train=100), shuffle_buffer=30))
     context = tf.distribute.InputContext(1, 0, 1)
@@ -186,7 +179,6 @@ def test_two_replicas_resumed_match_one_replica_straight(tmp_path, kind):
 
 
 # ---- augmentation ----
-@pytest.mark.fast
 def test_augmentation_seeds_differ_per_example_and_epoch_and_repeat(tmp_path):
     source = sources.load(Config(dataset=id_shards(tmp_path, n_train=64), shuffle_buffer=10))
     task = FlipTask(small_config("/unused"), spec=source.spec)
@@ -204,7 +196,6 @@ def test_augmentation_seeds_differ_per_example_and_epoch_and_repeat(tmp_path):
 
 
 @pytest.mark.parametrize("png", [True, False], ids=["png", "serialized_tensors"])
-@pytest.mark.fast
 def test_tfrecords_decoded_a_batch_at_a_time_match_record_by_record(tmp_path, png):
     """The default schema decodes whole batches (one parse_example); its training batches (with a
     Task's augmentation and 2 workers' shares) and eval batches equal decoding record by record."""
@@ -230,7 +221,6 @@ def test_tfrecords_decoded_a_batch_at_a_time_match_record_by_record(tmp_path, pn
         np.testing.assert_array_equal(ya, yb)
 
 
-@pytest.mark.fast
 def test_tfrecord_serialized_tensor_of_another_shape_is_named(tmp_path):
     images, labels = builtin.synthetic_arrays(4, seed=1, shape=(8, 8, 3))
     others, _ = builtin.synthetic_arrays(4, seed=1, shape=(8, 8, 4))
@@ -269,7 +259,6 @@ def _bad_npz(tmp_path):
     ],
     ids=["glob", "npz_missing", "npz_ok", "shapes", "labels", "kind", "name"],
 )
-@pytest.mark.fast
 def test_bad_sources_are_one_line_errors(tmp_path, make, message):
     dataset = make(tmp_path)
     config = Config(dataset=dataset, num_classes=10 if "l.npz" in dataset else 0)
@@ -281,7 +270,6 @@ def test_bad_sources_are_one_line_errors(tmp_path, make, message):
     assert "\n" not in str(error.value)
 
 
-@pytest.mark.fast
 def test_npz_missing_key_and_corrupt_record_name_the_file(tmp_path):
     np.savez(tmp_path / "m.npz", x_train=np.zeros((4, 3)), y_train=np.zeros(4))
     with pytest.raises(UserError, match=r"m.npz.*missing arrays \['x_test', 'y_test'\]"):
@@ -296,7 +284,6 @@ def test_npz_missing_key_and_corrupt_record_name_the_file(tmp_path):
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
-@pytest.mark.fast
 def test_task_brings_its_own_datasets(tmp_path, replicas):
     result = train(
         small_config(
@@ -321,7 +308,6 @@ def test_a_task_with_its_own_datasets_refuses_to_be_read_into_memory(tmp_path):
         train(small_config(tmp_path, task=f"{TASKS_DATA}:OwnDataTask", model="mlp", input_mode="resident"), **QUIET)
 
 
-@pytest.mark.fast
 def test_cache_is_refused_where_it_would_do_nothing(tmp_path):
     """--cache keeps a stream's raw records; on data held in memory, on records read into memory
     (resident) or with a Task's own pipelines it would be silently ignored, so it is one line."""

@@ -33,7 +33,6 @@ def _text(accumulator, tag):
     return _decode(accumulator.Tensors(tag)[0])
 
 
-@pytest.mark.fast
 def test_train_and_eval_scalars_at_global_steps(tmp_path):
     train(
         small_config(tmp_path, strategy="mirrored", cpu_replicas=2, train_steps=7, steps_per_loop=3, eval_every=4),
@@ -47,14 +46,12 @@ def test_train_and_eval_scalars_at_global_steps(tmp_path):
     assert eval_tags["loss"] == [4, 7] and eval_tags["accuracy"] == [4, 7]
 
 
-@pytest.mark.fast
 def test_resumed_run_continues_the_step_axis(tmp_path):
     train(small_config(tmp_path, train_steps=3), **QUIET)
     train(small_config(tmp_path, train_steps=6), **QUIET)
     assert sorted(_scalars(tmp_path / "train")["loss"]) == [3, 6]
 
 
-@pytest.mark.fast
 def test_scalars_written_compiled_read_back_as_written_eagerly(tmp_path):
     """write_scalars has an eager path (a name set's first write) and a compiled one (its later
     writes, or every write with every_loop): both give TensorBoard the same steps and values."""
@@ -143,7 +140,6 @@ def test_everything_a_researcher_watches(tmp_path):
     assert sorted(m.name.tag for m in experiment.metric_infos) == ["accuracy", "loss"]
 
 
-@pytest.mark.fast
 def test_basic_summaries_write_no_extras(tmp_path):
     train(small_config(tmp_path, summaries="basic"), **QUIET)
     train_tags, eval_tags = _scalars(tmp_path / "train"), _scalars(tmp_path / "eval")

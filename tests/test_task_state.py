@@ -60,7 +60,6 @@ def _state_difference(a: dict, b: dict) -> float:
     return max_difference(a, b)
 
 
-@pytest.mark.fast
 def test_the_checkpoint_holds_every_model_and_optimizer_the_task_holds(tmp_path):
     train(_config(tmp_path), **QUIET)
     assert _task_state_names(tmp_path / "run") == {"probe", "probe_optimizer"}
@@ -94,14 +93,12 @@ def test_accumulated_micro_batches_train_both_models_like_the_whole_batch(tmp_pa
     )
 
 
-@pytest.mark.fast
 def test_when_steps_an_optimizer_only_where_it_is_true(tmp_path):
     train(_config(tmp_path, task=f"{TASKS_STATE}:EveryOtherProbeTask", **TWO), **QUIET)
     assert _iterations(tmp_path / "run", "task/probe_optimizer") == 3
     assert _iterations(tmp_path / "run", "optimizer") == 6
 
 
-@pytest.mark.fast
 def test_a_non_finite_gradient_of_one_optimizer_skips_the_whole_update(tmp_path):
     """The probe's gradients are NaN on one replica at the 4th step: neither model nor optimizer moves."""
     result = train(
@@ -126,7 +123,6 @@ def test_a_non_finite_gradient_of_one_optimizer_skips_the_whole_update(tmp_path)
         np.testing.assert_array_equal(before.get_tensor(name), after.get_tensor(name), err_msg=name)
 
 
-@pytest.mark.fast
 def test_each_optimizer_has_its_grad_norm_and_is_clipped_by_its_own_norm(tmp_path):
     def probe_change(name, **overrides):
         train(_config(tmp_path, name, train_steps=2, steps_per_loop=1, checkpoint_every=1, **overrides), **QUIET)
@@ -144,14 +140,12 @@ def test_each_optimizer_has_its_grad_norm_and_is_clipped_by_its_own_norm(tmp_pat
     assert probe_change("free") > 10 * 0.05 * 1.9 * clip
 
 
-@pytest.mark.fast
 def test_mixed_float16_scales_every_optimizer(tmp_path):
     result = train(_config(tmp_path, precision="mixed_float16"), **QUIET)
     assert np.isfinite(result.train_metrics["probe_loss"])
     assert _iterations(tmp_path / "run", "task/probe_optimizer") == 6
 
 
-@pytest.mark.fast
 def test_a_checkpoint_lacking_a_model_of_the_task_is_refused(tmp_path):
     train(small_config(tmp_path / "run", model="mlp"), **QUIET)
     # As if the Task's file had been edited: --allow_config_change lets a changed --task pass the run record.
@@ -173,7 +167,6 @@ def test_a_checkpoint_holding_a_model_the_task_lacks_is_refused_in_one_line(tmp_
     assert "holds self.probe" in lines[-1] and "Traceback" not in proc.stderr, explain(proc)
 
 
-@pytest.mark.fast
 @pytest.mark.parametrize(
     "task, message",
     [
@@ -186,7 +179,6 @@ def test_an_optimizer_the_engine_cannot_guard_is_refused(tmp_path, task, message
         train(_config(tmp_path, task=f"{TASKS_STATE}:{task}"), **QUIET)
 
 
-@pytest.mark.fast
 def test_state_no_checkpoint_can_hold_is_warned_about_once(tmp_path):
     out = io.StringIO()
     train(_config(tmp_path, task=f"{TASKS_STATE}:CountingProbeTask", train_steps=9), out=out)
@@ -231,20 +223,17 @@ def test_step_collectives_and_example_noise_are_the_same_whatever_the_replicas(t
     assert accum["loss"] == pytest.approx(two["loss"], rel=1e-5)
 
 
-@pytest.mark.fast
 def test_a_step_collective_under_xla_with_mirrored_is_refused(tmp_path):
     with pytest.raises(UserError, match=r"self\.global_norm.*drop --jit_compile"):
         train(small_config(tmp_path, task=COLLECTIVE, model="mlp", jit_compile=True, **TWO), **QUIET)
 
 
-@pytest.mark.fast
 def test_a_failing_extra_ends_the_run_and_keeps_the_checkpoint_of_its_step(tmp_path):
     with pytest.raises(ExtraFailed, match=r"failed at step 6: ValueError: after_eval fails on purpose"):
         train(small_config(tmp_path, task=f"{TASKS_REFUSED}:FailingAfterEvalTask", model="mlp"), **QUIET)
     assert tf.train.latest_checkpoint(os.path.join(tmp_path, "checkpoints")).endswith("ckpt-6")
 
 
-@pytest.mark.fast
 def test_a_task_that_is_no_classifier_gets_no_confusion_matrix(tmp_path):
     def image_tags(name, task):
         train(small_config(tmp_path / name, task=task, model="mlp"), **QUIET)

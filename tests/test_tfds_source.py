@@ -94,7 +94,6 @@ def ids_of(x):
 
 
 @pytest.mark.parametrize("name", ["tiny_shapes", "tiny_registered"])
-@pytest.mark.fast
 def test_tfds_spec_classes_counts_and_pairs(data_dir, name):
     source = sources.load(Config(dataset=f"tfds:{name}:colour", data_dir=data_dir))
     assert source.streamed and source.where == f"TFDS {name}/colour/1.0.0 in {data_dir}"
@@ -132,13 +131,11 @@ class PixelIdTask(IdCountingTask):
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
-@pytest.mark.fast
 def test_tfds_eval_covers_every_example_once(data_dir, replicas):
     source = sources.load(Config(dataset="tfds:tiny_shapes:colour", data_dir=data_dir))
     assert stream_eval_totals(source, replicas, 4, PixelIdTask) == (11, sum(range(100, 111)))
 
 
-@pytest.mark.fast
 def test_tfds_trains_end_to_end(data_dir, tmp_path):
     config = small_config(
         tmp_path / "run",
@@ -247,7 +244,6 @@ def _missing_shard_dir(data_dir, tmp_path):
         "num_classes",
     ],
 )
-@pytest.mark.fast
 def test_tfds_bad_inputs_are_one_line_errors(data_dir, tmp_path, dataset, directory, message):
     dataset, _, num_classes = dataset.partition(" --num_classes=")
     directories = {

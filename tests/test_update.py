@@ -37,7 +37,6 @@ def _assert_close(a, b, atol=1e-5):
         np.testing.assert_allclose(x, y, atol=atol)
 
 
-@pytest.mark.fast
 def test_float16_overflow_on_one_replica_skips_the_step_everywhere(tmp_path):
     """+Inf in replica 1's gradients only (replica 0 is clean) at step 3: the update is skipped on
     both replicas, the weights stay finite, the loss scale halves and the run goes on."""
@@ -69,7 +68,6 @@ def test_float16_trains_like_float32_and_restores_the_policy(tmp_path):
     assert keras.mixed_precision.dtype_policy().name == "float32"
 
 
-@pytest.mark.fast
 def test_bfloat16_computes_in_bfloat16_with_a_float32_head(tmp_path):
     half = train(
         small_config(
@@ -86,7 +84,6 @@ def test_bfloat16_computes_in_bfloat16_with_a_float32_head(tmp_path):
     assert model.layers[-1].compute_dtype == "float32"
 
 
-@pytest.mark.fast
 def test_float16_refuses_a_step_that_does_not_scale_its_loss(tmp_path):
     with pytest.raises(UserError, match="self.scale_loss"):
         train(
@@ -104,7 +101,6 @@ def test_accumulating_micro_batches_gives_the_update_of_the_whole_batch(tmp_path
     assert not np.allclose(whole[0], _weights(tmp_path, "smaller", global_batch=16, **strategy)[0], atol=1e-3)
 
 
-@pytest.mark.fast
 def test_accumulation_needs_equal_micro_batches(tmp_path):
     with pytest.raises(UserError, match="not divisible by the 2 replicas x 3 micro-batches"):
         train(small_config(tmp_path, grad_accum_steps=3, **TWO_REPLICAS), **QUIET)

@@ -29,7 +29,6 @@ def _augment(task_class, seed=3):
 
 
 # ---- the structure augment_example returns ----
-@pytest.mark.fast
 def test_the_training_example_follows_what_augment_example_returns():
     assert augmented_spec(_augment(TwoViewsTask), IMAGE, LABEL) == (tf.TensorSpec((2, 28, 28, 1), tf.float32), LABEL)
     assert augmented_spec(_augment(DictViewsTask), IMAGE, LABEL) == {
@@ -53,7 +52,6 @@ def test_the_training_example_follows_what_augment_example_returns():
     ],
     ids=["varying_shape", "ragged", "python_object", "string"],
 )
-@pytest.mark.fast
 def test_a_structure_the_engine_cannot_batch_is_one_line_naming_augment_example(returned, named):
     returned.where = "MyTask.augment_example"
     with pytest.raises(UserError) as refused:
@@ -63,7 +61,6 @@ def test_a_structure_the_engine_cannot_batch_is_one_line_naming_augment_example(
     assert named in message and "cannot batch" in message
 
 
-@pytest.mark.fast
 def test_two_views_in_a_streamed_source_batched_and_record_by_record(tmp_path):
     """TFRecords decoded a batch at a time (augment_each over the batch) and record by record
     (tf.data's map, then batch) give the same two-view batches."""
@@ -178,7 +175,6 @@ def test_a_python_object_is_refused_before_training(tmp_path):
         train(small_config(tmp_path, task=f"{VIEWS_TASKS}:PythonObjectTask", model="mlp"), **QUIET)
 
 
-@pytest.mark.fast
 def test_a_parser_that_returns_more_than_the_pair_is_one_line(tmp_path):
     images, labels = builtin.synthetic_arrays(8, seed=1, shape=(8, 8, 1))
     tfrecord.write_shards(str(tmp_path), "train", images, labels, 1)

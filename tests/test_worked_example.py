@@ -35,7 +35,6 @@ def test_two_replicas_train_like_one(tmp_path):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-@pytest.mark.fast
 def test_registered_name_trains_on_two_replicas_and_logs_its_metric(tmp_path):
     result = train(
         small_config(
