@@ -64,7 +64,6 @@ def test_an_eval_summary_mistake_is_one_line_exit_2_before_training(tmp_path):
     assert " step 2/4 " not in proc.stdout and _checkpoints(tmp_path) == [], explain(proc)
 
 
-@pytest.mark.fast
 def test_the_preflight_changes_nothing_of_the_run(tmp_path):
     flags = dict(model="mlp", summaries="full", strategy="mirrored", cpu_replicas=2)
     checked = trained_by_name(tmp_path / "checked", **flags)
