@@ -21,7 +21,8 @@ import sys
 
 from engine import startup_signals  # noqa: E402  (plain Python: no TensorFlow, no absl)
 
-startup_signals.install()  # SIGTERM/SIGINT at any moment of start-up: a clean exit (engine/startup_signals.py)
+if __name__ == "__main__":  # the process is a run (not a test importing main): from its first moment,
+    startup_signals.install()  # SIGTERM/SIGINT at any moment of start-up: a clean exit (engine/startup_signals.py)
 
 if not os.environ.get("TF_CPP_MIN_LOG_LEVEL"):  # keep TensorFlow's C++ chatter out of the log
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # (start-up lines: engine/observe/startup_noise.py)
@@ -134,6 +135,7 @@ def _role(config):
 
 def entry_point() -> None:
     """The console script (`ctl-train`): the same as `python run.py`."""
+    startup_signals.install()
     try:
         app.run(main)
     except SystemExit as exit_:

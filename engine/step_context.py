@@ -91,15 +91,20 @@ def micro_batch():
 
 
 @contextlib.contextmanager
+def scoped(local: threading.local, name: str, value):
+    """`local.<name>` is `value` inside the block (yielded), what it was before after it."""
+    previous = getattr(local, name, None)
+    setattr(local, name, value)
+    try:
+        yield value
+    finally:
+        setattr(local, name, previous)
+
+
 def after_update():
     """Around the Task's after_update hook: it runs under a tf.cond (only when the update was
     applied), where no collective can run."""
-    previous = getattr(_local, "in_after_update", False)
-    _local.in_after_update = True
-    try:
-        yield
-    finally:
-        _local.in_after_update = previous
+    return scoped(_local, "in_after_update", True)
 
 
 def _handed(what) -> Handed:
@@ -226,27 +231,15 @@ def _fingerprints(batch, n) -> tf.Tensor:
         return tf.bitcast(tf.reshape(fingerprint, [-1, 2, 4]), tf.int32)
 
 
-@contextlib.contextmanager
 def evaluating(batch):
     """Around one call of a Task's eval_step on this replica's `batch`: example_seeds keys each
     example by a fingerprint of its content, so a sampled evaluation is the same on any layout."""
-    previous = getattr(_local, "eval_batch", None)
-    _local.eval_batch = batch
-    try:
-        yield
-    finally:
-        _local.eval_batch = previous
+    return scoped(_local, "eval_batch", batch)
 
 
-@contextlib.contextmanager
 def collecting():
     """Around one trace of a Task's eval_step: yields the {name: tensor} its self.collect calls gave."""
-    collected, previous = {}, getattr(_local, "collected", None)
-    _local.collected = collected
-    try:
-        yield collected
-    finally:
-        _local.collected = previous
+    return scoped(_local, "collected", {})
 
 
 def collect(name, tensor) -> None:

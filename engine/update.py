@@ -30,7 +30,6 @@ records of the micro-batches and calls `Updater.apply`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
 
@@ -47,14 +46,8 @@ GRAD_NORM = "grad_norm"  # the default optimizer's summary; others are grad_norm
 _local = threading.local()
 
 
-@contextlib.contextmanager
 def _already_reduced():
-    previous = getattr(_local, "reduced", False)
-    _local.reduced = True
-    try:
-        yield
-    finally:
-        _local.reduced = previous
+    return step_context.scoped(_local, "reduced", True)
 
 
 def _gradients_already_reduced() -> bool:

@@ -172,6 +172,7 @@ def run_in_process(*args):
     from absl import logging as absl_logging
 
     import run
+    from engine import startup_signals
 
     stdout, stderr = io.StringIO(), io.StringIO()
     verbosity = absl_logging.get_verbosity()
@@ -191,6 +192,7 @@ def run_in_process(*args):
             handler.stream = stream
         absl_flags.FLAGS.unparse_flags()
         absl_logging.set_verbosity(verbosity)
+        startup_signals.reset()  # main() moved the start-up signal state (run.py installs no handler on import)
     return subprocess.CompletedProcess(["run.py", *args], code, stdout.getvalue(), stderr.getvalue())
 
 

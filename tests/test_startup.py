@@ -225,6 +225,7 @@ def test_the_first_start_up_signal_raises_and_a_second_one_gets_the_default_acti
     from engine.errors import StoppedAtStartup
 
     previous = {signum: signal.getsignal(signum) for signum in startup_signals.SIGNALS}
+    startup_signals.reset()  # a run.main earlier in this process (tests' run_in_process) handed over
     try:
         startup_signals.install()
         startup_signals.raise_from_now_on()
