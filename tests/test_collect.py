@@ -108,3 +108,13 @@ def test_misuse_is_refused_in_one_line(tmp_path, task, expected):
 def test_an_undeclared_best_metric_is_refused_at_start_up(tmp_path):
     with pytest.raises(UserError, match="there is no 'auc'.*eval_summary_metrics"):
         train(small_config(tmp_path / "run", **RUN, best_metric="+auc"), **QUIET)
+
+
+def test_a_collection_too_large_for_the_host_is_refused_in_one_line():
+    from engine.controller.evaluation import available_host_memory, check_collection_fits
+
+    one_batch = {"probabilities": np.zeros((64, 10), np.float32), "labels": np.zeros(64, np.int32)}  # 44 B each
+    check_collection_fits(one_batch, 64, 10_000, available_bytes=2 * 44 * 10_000)  # fits exactly
+    with pytest.raises(UserError, match=r"collects 44 bytes per example \(probabilities \(10,\) float32, labels"):
+        check_collection_fits(one_batch, 64, 10_000, available_bytes=2 * 44 * 10_000 - 1)
+    assert available_host_memory() > 2**20  # the real probe the preflight passes in reads this machine

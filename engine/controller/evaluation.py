@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 
 import numpy as np
 
@@ -43,6 +44,36 @@ def check_collect(strategy, task, evaluates: bool) -> None:
         )
 
 
+def check_collection_fits(collected: dict, examples: int, num_test: int, available_bytes: int) -> None:
+    """Before training (the preflight, from one batch's collection of `examples` rows): the whole
+    test split's collection, held twice at the end of an evaluation (the buffer and its NumPy
+    copy), must fit in `available_bytes` of host memory; else one line."""
+    if not collected or not examples:
+        return
+    per_example = sum(rows.nbytes for rows in collected.values()) / examples
+    needed = 2 * per_example * num_test
+    if needed > available_bytes:
+        names = ", ".join(f"{name} {rows.shape[1:]} {rows.dtype}" for name, rows in collected.items())
+        raise UserError(
+            f"eval_step collects {per_example:,.0f} bytes per example ({names}): the {num_test:,} test "
+            f"examples need {needed / 2**30:.1f} GiB of host memory at each evaluation (the buffer and its "
+            f"NumPy copy), more than the {available_bytes / 2**30:.1f} GiB available; collect less per "
+            "example (e.g. the top-k scores, not every class's) or evaluate a smaller test split"
+        )
+
+
+def available_host_memory() -> int:
+    """Bytes of host memory available now (Linux: MemAvailable; elsewhere all physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def _summary(task, collected: dict, examples: int) -> dict:
     """Task.eval_summary's scalars as floats, its input and output checked (one line each)."""
     for name, rows in collected.items():
@@ -75,15 +106,18 @@ def _summary(task, collected: dict, examples: int) -> dict:
     return summary
 
 
-def evaluate_split(eval_loop, eval_data, task, num_test: int, step: int) -> tuple[dict, str]:
+def evaluate_split(eval_loop, eval_data, task, num_test: int, step: int, *, preflight=False) -> tuple[dict, str]:
     """Runs the eval loop over the whole test split: ({metric: value}, the console line). The
     metrics include the Task's derived ones (e.g. perplexity from the per-token loss) and its
-    eval_summary's (from what eval_step collected)."""
+    eval_summary's (from what eval_step collected). preflight: eval_data is a first batch only
+    (the preflight's), whose collection must scale to the whole split in host memory."""
     result = eval_loop(eval_data)
     metrics, examples = ratios(result["totals"]), int(result["examples"].numpy())
     with user_code.host_errors_named(f"{type(task).__name__}.derived_metrics"):
         metrics.update(task.derived_metrics(metrics))
     collected = {name: value.numpy() for name, value in result.get("collected", {}).items()}
+    if preflight:
+        check_collection_fits(collected, examples, num_test, available_host_memory())
     if collected or summarises(task):
         metrics.update(_summary(task, collected, examples))
     seen = (

@@ -2,7 +2,8 @@
 on one real batch, so a Task's mistake there costs seconds, not a training run.
 
   evaluation   the compiled eval loop on the first eval batch (the same trace the real evaluations
-               then use), with Task.derived_metrics and Task.eval_summary on what it collected
+               then use), with Task.derived_metrics and Task.eval_summary on what it collected;
+               a collection the whole test split would not fit in host memory is refused
   after_eval   Task.after_eval into a temporary writer (--summaries=full, the chief)
   signature    the SavedModel's serving signature traced (--export with saved_model, the chief)
   checkpoint   the whole checkpoint written into a temporary directory of model_dir and read back
@@ -39,7 +40,7 @@ def check(trainer) -> str:
     started, checked = time.perf_counter(), []
     if built.schedule.eval_every >= 0 and not several_workers(placement.strategy):
         one_batch = pipelines.distributed_eval_batches(placement.strategy, built.data, config, 1)
-        evaluation.evaluate_split(built.eval_loop, one_batch, task, built.data.num_test, trainer.step)
+        evaluation.evaluate_split(built.eval_loop, one_batch, task, built.data.num_test, trainer.step, preflight=True)
         checked.append("evaluation")
         if built.monitor.full and placement.is_chief:
             with tempfile.TemporaryDirectory(prefix="ctl-preflight-") as directory, trainer._extra(EvalSummaries.name):
