@@ -9,7 +9,7 @@ import os
 
 import pytest
 import tensorflow as tf
-from helpers import REPO, small_config, tensorboard_run
+from helpers import REPO, max_difference, small_config, tensorboard_run, trained_by_name
 
 from engine.controller.trainer import train
 from engine.errors import ExtraFailed
@@ -63,3 +63,13 @@ def test_a_failing_extra_names_the_users_line_and_keeps_the_traceback(tmp_path):
     with open(tmp_path / "errors" / written[0]) as f:
         assert "Traceback" in f.read()
     assert "rerun the same command" not in message  # the same failure would come back
+
+
+def test_the_two_headed_example_on_two_replicas_trains_like_one_and_resumes_exactly(tmp_path):
+    task = f"{REPO}/examples/two_heads.py:TwoHeadedTask"
+    one = trained_by_name(tmp_path / "one", task=task)
+    two = trained_by_name(tmp_path / "two", task=task, strategy="mirrored", cpu_replicas=2)
+    assert max_difference(one, two) < 1e-5
+    train(small_config(tmp_path / "resumed", task=task, train_steps=3), out=io.StringIO())
+    resumed = trained_by_name(tmp_path / "resumed", task=task)
+    assert max_difference(one, resumed) == 0.0
