@@ -73,3 +73,25 @@ def test_the_preflight_changes_nothing_of_the_run(tmp_path):
     result = train(small_config(tmp_path / "again", **flags), **QUIET)
     other = train(small_config(tmp_path / "again2", **flags, preflight=False), **QUIET)
     assert result.eval_metrics == other.eval_metrics
+
+
+@pytest.mark.parametrize("collects", [False, True])
+def test_the_preflights_batch_runs_the_trace_every_evaluation_then_uses(tmp_path, collects):
+    """The one-batch eval data has the eval data's element spec: the preflight costs no second trace."""
+    from engine.data import pipelines, sources
+    from engine.distribute.strategy import build_strategy
+    from engine.loop import make_eval_loop
+    from engine.task import Task
+    from tasks_collect import RecordingAucF1Task
+
+    config = small_config(tmp_path, model="mlp", strategy="mirrored", cpu_replicas=2)
+    strategy = build_strategy("mirrored", 2).strategy
+    source = sources.load(config)
+    with strategy.scope():
+        task = (RecordingAucF1Task if collects else Task)(config, spec=source.spec)
+        task.model = task.build_model()
+    eval_loop = make_eval_loop(strategy, task)
+    first = eval_loop(pipelines.distributed_eval_batches(strategy, source, config, 1))
+    whole = eval_loop(pipelines.distributed_eval_data(strategy, source, config))
+    assert int(first["examples"]) == 64 and int(whole["examples"]) == 300
+    assert eval_loop.experimental_get_tracing_count() == 1
