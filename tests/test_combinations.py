@@ -27,6 +27,7 @@ from helpers import (
     exported_weights,
     max_difference,
     run_cli,
+    run_in_process,
     small_config,
 )
 from engine.controller.state import create_state
@@ -197,12 +198,12 @@ def _row_id(row: dict) -> str:
 
 @pytest.fixture(scope="module")
 def cli_runs(request, tmp_path_factory):
-    """{row id: future of its run.py process} for the rows selected in this session, two at a time
-    (much of a short run is single-threaded start-up and tracing)."""
+    """{row id: future of its run.py process} for the trained rows selected in this session, two at
+    a time (much of a short run is single-threaded start-up and tracing); the data files every row reads."""
     rows = {}
     for item in request.session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if item.module is request.module and "row" in params:
+        if item.module is request.module and "row" in params and not refused(params["row"]):
             rows[_row_id(params["row"])] = params["row"]
     write_data_files()
     # Made here, not in the pool's threads: two threads creating pytest's first temporary directory
@@ -231,8 +232,9 @@ def test_pairwise_combination_trains(row, cli_runs):
 
 @pytest.mark.parametrize("row", REFUSED_ROWS, ids=map(_row_id, REFUSED_ROWS))
 @pytest.mark.fast
-def test_refused_combination_says_so_in_one_line(row, cli_runs):
-    proc = cli_runs[_row_id(row)].result()
+def test_refused_combination_says_so_in_one_line(row, cli_runs, tmp_path):
+    # In this process (run.py's main): a refusal stops before training, no start-up worth a process.
+    proc = run_in_process(*SHORT_RUN, *_args(row), f"--model_dir={tmp_path / 'run'}")
     assert proc.returncode == 2, explain(proc)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and proc.stderr.strip().splitlines()[-1] == errors[0], explain(proc)
