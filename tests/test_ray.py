@@ -1,8 +1,8 @@
 """Ray Train (engine/distribute/ray_job.py) on a local Ray cluster that each job starts for itself
 (`--ray_address=local`: ray.init starts one on this machine and ray.shutdown stops it when the
-job ends): 2 Ray workers train like one replica fed the same global batch; a worker killed with
-SIGKILL mid-run is restarted by Ray's failure policy and the run ends bitwise equal to the
-undisturbed one, with the restart count logged; a permanent exit (2, a refused flag) is not
+job ends): 2 Ray workers train like one replica fed the same global batch, bitwise like the engine's
+own 2-worker launcher; a worker killed with SIGKILL mid-run is restarted by Ray's failure policy
+and the run ends bitwise equal to the undisturbed one, with the restart count logged; a permanent exit (2, a refused flag) is not
 retried and ends the job with 2. Each job imports TensorFlow in the driver, Ray's controller and
 both workers, so each costs a minute or two on 2 cores."""
 
@@ -15,7 +15,16 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import REPO, TASKS_FAULTS, exported_by_name, small_flags, tensorboard_scalars, trained_by_name
+from helpers import (
+    REPO,
+    TASKS_FAULTS,
+    explain,
+    exported_by_name,
+    run_cli,
+    small_flags,
+    tensorboard_scalars,
+    trained_by_name,
+)
 from engine import exit_codes
 
 pytestmark = pytest.mark.cluster
@@ -58,6 +67,15 @@ def test_two_ray_workers_train_like_one_replica(undisturbed, tmp_path):
     assert weights.keys() == one_replica.keys()
     for name in weights:
         np.testing.assert_allclose(weights[name], one_replica[name], rtol=0, atol=1e-6, err_msg=name)
+    # The same job on the engine's own launcher (2 local workers): bitwise the Ray job's result.
+    launched = tmp_path / "launcher"
+    proc = run_cli(
+        *FLAGS, "--strategy=multi_worker_mirrored", "--num_workers=2", f"--model_dir={launched}", timeout=400
+    )
+    assert proc.returncode == 0, explain(proc)
+    by_launcher = exported_by_name(launched)
+    assert by_launcher.keys() == weights.keys()
+    assert all(np.array_equal(weights[n], by_launcher[n]) for n in weights)  # bitwise
 
 
 @pytest.mark.timeout(600)
