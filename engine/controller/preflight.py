@@ -64,10 +64,11 @@ def check(trainer) -> str:
 
 def _checkpoint_round_trip(built) -> None:
     """The whole checkpoint written into a hidden temporary directory of model_dir (the disk the
-    run's checkpoints go to) and every tensor read back; the directory is removed."""
+    run's checkpoints go to; on other workers than the chief a system temporary directory, as
+    their real saves) and every tensor read back; the directory is removed."""
     model_dir, directory = built.config.model_dir, None
     try:
-        directory = tempfile.mkdtemp(prefix=".preflight-", dir=model_dir)
+        directory = tempfile.mkdtemp(prefix=".preflight-", dir=model_dir if built.placement.is_chief else None)
         path = built.state.checkpointer.checkpoint.write(os.path.join(directory, "ckpt"))
         reader = tf.train.load_checkpoint(path)
         for name in reader.get_variable_to_shape_map():
