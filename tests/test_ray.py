@@ -1,10 +1,11 @@
 """Ray Train (engine/distribute/ray_job.py) on a local Ray cluster that each job starts for itself
 (`--ray_address=local`: ray.init starts one on this machine and ray.shutdown stops it when the
-job ends): 2 Ray workers train like one replica fed the same global batch, bitwise like the engine's
-own 2-worker launcher; a worker killed with SIGKILL mid-run is restarted by Ray's failure policy
-and the run ends bitwise equal to the undisturbed one, with the restart count logged; a permanent
-exit (2, a refused flag) is not retried and ends the job with 2. Each job imports TensorFlow in the driver, Ray's controller and
-both workers, so each costs a minute or two on 2 cores."""
+job ends): 2 Ray workers train like one replica fed the same global batch, bitwise like the
+engine's own 2-worker launcher; a worker killed with SIGKILL mid-run is restarted by Ray's
+failure policy and the run ends bitwise equal to the undisturbed one, with the restart count
+logged; a permanent exit (2, a refused flag) is not retried and ends the job with 2. Each job
+imports TensorFlow in the driver, Ray's controller and both workers, so each costs a minute or
+two on 2 cores."""
 
 from __future__ import annotations
 
