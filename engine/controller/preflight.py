@@ -43,7 +43,7 @@ def check(trainer) -> str:
         evaluation.evaluate_split(built.eval_loop, one_batch, task, built.data.num_test, trainer.step, preflight=True)
         checked.append("evaluation")
         if built.monitor.full and placement.is_chief:
-            with tempfile.TemporaryDirectory(prefix="ctl-preflight-") as directory, trainer._extra(EvalSummaries.name):
+            with tempfile.TemporaryDirectory(prefix="ctl-preflight-") as directory, trainer.extra(EvalSummaries.name):
                 writer = SummaryWriter(directory)
                 try:
                     task.after_eval(trainer.step, writer)
@@ -51,7 +51,7 @@ def check(trainer) -> str:
                     writer.close()
             checked.append("after_eval")
     if config.export and "saved_model" in parse_formats(config.export_formats) and placement.is_chief:
-        with trainer._extra(Export.name):
+        with trainer.extra(Export.name):
             exporters.serving_module(task.export_model(), built.data.spec).serve.get_concrete_function()
         checked.append("serving signature")
     _checkpoint_round_trip(built)

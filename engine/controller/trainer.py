@@ -325,7 +325,7 @@ class Trainer:
         """Calls `hook` of every action in order, each with a fresh context (it sees what the ones
         before it returned); keeps each non-None return; then the checkpoint an action asked for."""
         for action in self.built.actions:
-            with self._extra(action.name):
+            with self.extra(action.name):
                 produced = getattr(action, hook)(self._context())
             if produced is not None:
                 self.outputs[action.key] = produced
@@ -370,7 +370,7 @@ class Trainer:
         return ema.swapped() if ema is not None else contextlib.nullcontext()
 
     @contextlib.contextmanager
-    def _extra(self, what: str):
+    def extra(self, what: str):
         """Host-side work after training steps (summaries, best, export): a failure there ends the
         run in one line (ExtraFailed) and keeps the checkpoint written before it (invariant 12)."""
         try:
